@@ -1,0 +1,920 @@
+"""Shared code for the five ReTerm stages.
+
+Sections (in order): config · logging · tasks · docker env · agent protocol ·
+tokens & masks · models · policy engines · rollout.  Everything here is used by
+at least two stages; code used by one stage lives in that stage's file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import inspect
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import tomllib
+import types
+import typing
+import uuid
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+ROOT = Path(__file__).resolve().parent
+LABEL = "reterm"  # every container and snapshot image we create carries this label key
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# config · logging
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Map field name -> its trailing `# comment` in the dataclass source (used as --help)."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    pat = re.compile(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$")
+    return {m.group(1): m.group(2).strip() for m in map(pat.match, src.splitlines()) if m}
+
+
+def parse_config(cls: type, argv: list[str] | None = None) -> Any:
+    """Turn a @dataclass whose fields carry one-line comments into kebab-case argparse flags."""
+    parser = argparse.ArgumentParser(
+        description=(cls.__doc__ or "").strip(),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    helps = _field_comments(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        tp = hints[f.name]
+        args = typing.get_args(tp)
+        optional = type(None) in args
+        if optional:
+            tp = next(a for a in args if a is not type(None))
+        kw: dict[str, Any] = {"default": default, "help": helps.get(f.name, " ")}
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) is list:
+            kw.update(nargs="*", type=typing.get_args(tp)[0])
+        else:
+            kw["type"] = tp
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            kw["required"] = True
+        parser.add_argument(flag, **kw)
+    return cls(**vars(parser.parse_args(argv)))
+
+
+def dump_config(cfg: Any, out_dir: str | Path) -> None:
+    """Write the run's config next to its outputs (config.json), with the command line."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"argv": sys.argv, **dataclasses.asdict(cfg)}
+    (out / "config.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def append_jsonl(path: str | Path, row: dict) -> None:
+    """Append one row and flush it to disk: a killed run loses nothing already written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Read a JSONL file; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
+    return rows
+
+
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def log0(*args: Any) -> None:
+    """print() on rank 0 only."""
+    if is_rank0():
+        print(*args, flush=True)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# tasks (Harbor / Terminal-Bench 2.0 format)
+# ════════════════════════════════════════════════════════════════════════════
+
+
+class TaskError(ValueError):
+    """A task folder that can't be used; the message names the file and the problem."""
+
+
+@dataclasses.dataclass
+class Task:
+    name: str
+    path: Path
+    instruction: str
+    category: str = "uncategorized"
+    difficulty: str = "unknown"
+    tags: list[str] = dataclasses.field(default_factory=list)
+    agent_timeout_sec: float = 600.0
+    verifier_timeout_sec: float = 600.0
+    build_timeout_sec: float = 600.0
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int | None = None
+    docker_image: str | None = None
+    allow_internet: bool = True  # Harbor's default; a run still needs --allow-internet to use it
+    workdir: str | None = None
+    version: str = "1.0"
+    extra: dict = dataclasses.field(default_factory=dict)  # task.toml keys we don't interpret
+
+    @property
+    def env_dir(self) -> Path:
+        return self.path / "environment"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.path / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.path / "solution"
+
+
+def _size_mb(value: Any, where: str) -> int:
+    """'2G' / '512M' / '1024' / 2048 -> megabytes (TB2 writes memory = "2G")."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.I)
+    if not m:
+        raise TaskError(f"{where}: cannot parse size {value!r} (expected e.g. '2G' or '512M')")
+    scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+_KNOWN = {
+    "metadata": {"difficulty", "category", "tags"},
+    "agent": {"timeout_sec"},
+    "verifier": {"timeout_sec"},
+    "environment": {"docker_image", "build_timeout_sec", "cpus", "memory", "memory_mb",
+                    "storage", "storage_mb", "allow_internet", "workdir"},
+}
+
+
+def load_task(path: str | Path) -> Task:
+    """Read one Harbor task folder; raise TaskError naming the file and the problem."""
+    path = Path(path)
+    toml_path = path / "task.toml"
+    if not path.is_dir():
+        raise TaskError(f"{path}: not a task folder")
+    instr_path = path / "instruction.md"
+    if not instr_path.is_file():
+        raise TaskError(f"{instr_path}: missing (every task needs an instruction)")
+    instruction = instr_path.read_text().strip()
+    if not instruction:
+        raise TaskError(f"{instr_path}: empty instruction")
+    if not toml_path.is_file():
+        raise TaskError(f"{toml_path}: missing")
+    try:
+        cfg = tomllib.loads(toml_path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{toml_path}: invalid TOML ({e})") from None
+    meta, agent = cfg.get("metadata", {}), cfg.get("agent", {})
+    verifier, env = cfg.get("verifier", {}), cfg.get("environment", {})
+    extra = {k: v for k, v in cfg.items() if k not in _KNOWN and k != "version"}
+    for sec, keys in _KNOWN.items():
+        unknown = {k: v for k, v in cfg.get(sec, {}).items() if k not in keys}
+        if unknown:
+            extra[sec] = unknown
+    if "memory_mb" in env:
+        memory_mb = _size_mb(env["memory_mb"], str(toml_path))
+    else:
+        memory_mb = _size_mb(env.get("memory", 2048), str(toml_path))
+    storage = env.get("storage_mb", env.get("storage"))
+    task = Task(
+        name=path.name,
+        path=path.resolve(),
+        instruction=instruction,
+        category=str(meta.get("category", "uncategorized")),
+        difficulty=str(meta.get("difficulty", "unknown")),
+        tags=list(meta.get("tags", [])),
+        agent_timeout_sec=float(agent.get("timeout_sec", 600.0)),
+        verifier_timeout_sec=float(verifier.get("timeout_sec", 600.0)),
+        build_timeout_sec=float(env.get("build_timeout_sec", 600.0)),
+        cpus=float(env.get("cpus", 1.0)),
+        memory_mb=memory_mb,
+        storage_mb=None if storage is None else _size_mb(storage, str(toml_path)),
+        docker_image=env.get("docker_image") or None,
+        allow_internet=bool(env.get("allow_internet", True)),
+        workdir=env.get("workdir"),
+        version=str(cfg.get("version", "1.0")),
+        extra=extra,
+    )
+    if (task.env_dir / "docker-compose.yaml").exists() and not (task.env_dir / "Dockerfile").exists():
+        raise TaskError(f"{task.env_dir / 'docker-compose.yaml'}: multi-container tasks are not supported")
+    if task.docker_image is None and not (task.env_dir / "Dockerfile").is_file():
+        raise TaskError(f"{task.env_dir / 'Dockerfile'}: missing, and task.toml names no docker_image")
+    if not (task.tests_dir / "test.sh").is_file():
+        raise TaskError(f"{task.tests_dir / 'test.sh'}: missing (the verifier runs it)")
+    return task
+
+
+def load_tasks(root: str | Path, filter: str | None = None) -> list[Task]:
+    """Load every task folder under `root` (sorted by name); report all bad tasks at once."""
+    root = Path(root)
+    if not root.is_dir():
+        raise TaskError(f"{root}: tasks folder does not exist")
+    tasks, errors = [], []
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if filter and not re.search(filter, d.name):
+            continue
+        try:
+            tasks.append(load_task(d))
+        except TaskError as e:
+            errors.append(str(e))
+    if errors:
+        raise TaskError(f"{len(errors)} bad task(s) under {root}:\n  " + "\n  ".join(errors))
+    if not tasks:
+        raise TaskError(f"{root}: no task folders" + (f" match {filter!r}" if filter else ""))
+    return tasks
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# docker env
+# ════════════════════════════════════════════════════════════════════════════
+
+BASE_IMAGE = "debian:bookworm-slim"  # what the bundled tasks build FROM; seeded offline if absent
+RUN_ID = uuid.uuid4().hex[:12]  # labels everything this process creates, for the reaper
+MAX_OUTPUT_BYTES = 10_000  # TB2 agents keep the first and last 5,000 bytes of a command's output
+
+
+class EnvError(RuntimeError):
+    """The Docker side failed in a way the user must fix (engine down, build broken, ...)."""
+
+
+_client = None
+_client_lock = threading.Lock()
+
+
+def docker_client() -> Any:
+    """One shared, thread-safe docker-py client for whatever DOCKER_HOST says."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            import docker
+
+            try:  # long timeout: exec of a long command and builds block on one HTTP read
+                client = docker.from_env(timeout=7200, max_pool_size=128)
+                client.ping()
+            except Exception as e:
+                raise EnvError(
+                    f"Docker engine unreachable ({os.environ.get('DOCKER_HOST', 'local socket')}: "
+                    f"{type(e).__name__}). Start it with `python common.py docker-up` "
+                    "(root on Debian) or point DOCKER_HOST at a running engine."
+                ) from None
+            _client = client
+        return _client
+
+
+def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) -> None:
+    """Make sure an engine answers and the base image exists; idempotent, fast when done.
+
+    As root on Debian: installs docker.io, starts dockerd, and seeds `base_image` with
+    debootstrap + `docker import` when no registry is reachable (DESIGN §4).
+    """
+    import docker
+
+    try:
+        docker.from_env(timeout=5).ping()
+    except Exception:
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            raise EnvError("Docker engine unreachable and this is not root on Debian: start "
+                           "dockerd yourself or set DOCKER_HOST.") from None
+        if not shutil.which("dockerd"):
+            log("installing docker.io ...")
+            _sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io")
+        log("starting dockerd (log: /tmp/reterm-dockerd.log) ...")
+        with open("/tmp/reterm-dockerd.log", "ab") as f:
+            subprocess.Popen(["dockerd"], stdout=f, stderr=f, start_new_session=True)
+        for _ in range(120):
+            time.sleep(0.5)
+            try:
+                docker.from_env(timeout=5).ping()
+                break
+            except Exception:
+                pass
+        else:
+            raise EnvError("dockerd did not come up in 60 s; see /tmp/reterm-dockerd.log")
+    client = docker.from_env(timeout=600)
+    try:
+        client.images.get(base_image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        log(f"pulling {base_image} ...")
+        client.images.pull(base_image)
+        return
+    except Exception:
+        log("no registry reachable: building the base image with debootstrap (~1 min) ...")
+    if base_image != BASE_IMAGE:
+        raise EnvError(f"{base_image} is absent and cannot be pulled")
+    if not shutil.which("debootstrap"):
+        if os.geteuid() != 0:
+            raise EnvError("debootstrap is needed to seed the base image offline; install it")
+        _sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap")
+    root = Path("/tmp/reterm-rootfs")
+    shutil.rmtree(root, ignore_errors=True)
+    _sh(f"debootstrap --variant=minbase bookworm {root} >/tmp/reterm-debootstrap.log 2>&1")
+    _sh(f"tar -C {root} -c . | docker import - {base_image} >/dev/null")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _sh(cmd: str) -> None:
+    r = subprocess.run(cmd, shell=True)
+    if r.returncode:
+        raise EnvError(f"command failed ({r.returncode}): {cmd}")
+
+
+_build_locks: dict[str, threading.Lock] = {}
+
+
+def _dir_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def task_image(task: Task) -> str:
+    """The task's image: `docker_image` if present or pullable, else build `environment/`
+    (cached under a tag derived from a hash of the folder's contents)."""
+    import docker
+
+    client = docker_client()
+    if task.docker_image:
+        try:
+            client.images.get(task.docker_image)
+            return task.docker_image
+        except docker.errors.ImageNotFound:
+            try:
+                client.images.pull(task.docker_image)
+                return task.docker_image
+            except Exception as e:
+                if not (task.env_dir / "Dockerfile").is_file():
+                    raise EnvError(f"{task.name}: cannot pull {task.docker_image} ({e}) "
+                                   "and there is no environment/Dockerfile to build") from None
+    tag = f"reterm-task/{re.sub(r'[^a-z0-9._-]', '-', task.name.lower())}:{_dir_hash(task.env_dir)[:12]}"
+    with _client_lock:
+        lock = _build_locks.setdefault(tag, threading.Lock())
+    with lock:
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        try:
+            client.images.build(path=str(task.env_dir), tag=tag, rm=True, forcerm=True,
+                                labels={"reterm.task": task.name}, timeout=task.build_timeout_sec)
+        except docker.errors.BuildError as e:
+            tail = "".join(str(x.get("stream", x.get("error", ""))) for x in list(e.build_log)[-8:])
+            raise EnvError(f"{task.name}: image build failed: {e.msg}\n{tail}") from None
+    return tag
+
+
+@dataclasses.dataclass
+class CmdResult:
+    output: str
+    exit_code: int
+    timed_out: bool
+    seconds: float
+
+
+@dataclasses.dataclass
+class Verdict:
+    reward: float  # 0.0 whenever `error` is set (Harbor semantics)
+    error: str | None
+    output: str  # tail of test.sh's stdout
+
+
+# The bash tool. cwd and exported variables live in files under /tmp/.reterm inside the
+# container, so they persist across calls *and* across snapshot -> fork. `timeout` puts the
+# command in its own process group and signals the whole group, so background children die
+# too. Output goes to a file so a command printing gigabytes never crosses the socket.
+_STATE = "/tmp/.reterm"
+_OUTER = f"""S={_STATE}; mkdir -p $S
+[ -f $S/env ] && . $S/env >/dev/null 2>&1
+[ -f $S/cwd ] && {{ cd "$(cat $S/cwd)" 2>/dev/null || true; }}
+timeout -k 2 "$2" bash -c "$4" bash "$1" >$S/out 2>&1 </dev/null
+rc=$?; n=$(stat -c %s $S/out); h=$(($3 / 2))
+if [ "$n" -le "$3" ]; then cat $S/out
+else head -c $h $S/out; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h)); tail -c $h $S/out; fi
+rm -f $S/out; exit $rc"""
+_INNER = f"""trap 'rc=$?; pwd >{_STATE}/cwd; export -p >{_STATE}/env; exit $rc' EXIT; eval "$1\""""
+_EXEC_ENV = {"DEBIAN_FRONTEND": "noninteractive", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb"}
+
+_VERIFY = """mkdir -p /logs/verifier
+timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
+echo "@@rc $?"
+[ -f /logs/verifier/reward.txt ] && { echo "@@txt"; cat /logs/verifier/reward.txt; echo; }
+[ -f /logs/verifier/reward.json ] && { echo "@@json"; cat /logs/verifier/reward.json; echo; }
+echo "@@out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
+
+
+def _tar_dir(src: Path, arcname: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(src), arcname=arcname)
+    return buf.getvalue()
+
+
+def _parse_reward(out: str, timeout: float) -> Verdict:
+    parts = dict(re.findall(r"^@@(\w+)[ \n]?(.*?)(?=^@@|\Z)", out, re.M | re.S))
+    tail = parts.get("out", "").strip()
+    rc = int(parts.get("rc", "1").strip() or 1)
+    if rc in (124, 137):
+        return Verdict(0.0, f"verifier timed out after {timeout:.0f}s", tail)
+    try:
+        if "txt" in parts:
+            return Verdict(float(parts["txt"].strip()), None, tail)
+        if "json" in parts:
+            data = json.loads(parts["json"])
+            if isinstance(data, dict):
+                vals = [data["reward"]] if "reward" in data else list(data.values())
+                return Verdict(sum(map(float, vals)) / len(vals), None, tail)
+            return Verdict(float(data), None, tail)
+    except (ValueError, TypeError, ZeroDivisionError, KeyError):
+        return Verdict(0.0, "unparsable reward file", tail)
+    return Verdict(0.0, f"no reward file written (test.sh exit {rc})", tail)
+
+
+class Env:
+    """One task container. Use as a context manager; `close()` removes the container."""
+
+    def __init__(self, container: Any, task: Task, image: str):
+        self.container, self.task, self.image = container, task, image
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def bash(self, command: str, timeout: float = 180.0, max_bytes: int = MAX_OUTPUT_BYTES
+             ) -> CmdResult:
+        """Run one command like a terminal would: persistent cwd/env, killed after `timeout`."""
+        t0 = time.monotonic()
+        argv = ["bash", "-c", _OUTER, "reterm", command, f"{timeout:.3f}", str(max_bytes), _INNER]
+        try:
+            r = self.container.exec_run(argv, environment=_EXEC_ENV)
+        except Exception as e:  # container gone (reaped, OOM-killed, engine restarted)
+            raise EnvError(f"{self.task.name}: exec failed: {e}") from None
+        dt = time.monotonic() - t0
+        timed_out = r.exit_code in (124, 137) and dt >= timeout
+        return CmdResult(r.output.decode(errors="replace"), r.exit_code, timed_out, dt)
+
+    def upload(self, src: Path, dest: str) -> None:
+        """Copy a host folder to `dest` (an absolute path) inside the container."""
+        parent, name = os.path.split(dest.rstrip("/"))
+        self.container.exec_run(["mkdir", "-p", parent or "/"])
+        self.container.put_archive(parent or "/", _tar_dir(src, name))
+
+    def snapshot(self, keep: bool = False) -> str:
+        """Commit the container's filesystem to a labelled image (call before verify).
+
+        Non-strict: running processes and sockets are not preserved, only files (which
+        include the bash tool's cwd/env state)."""
+        name = re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower())
+        tag = f"reterm-snap/{name}:{uuid.uuid4().hex[:16]}"
+        repo, t = tag.split(":")
+        labels = f"reterm.kind=snapshot reterm.keep={int(keep)} reterm.run={RUN_ID}"
+        self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
+        return tag
+
+    def verify(self, timeout: float | None = None) -> Verdict:
+        """Upload tests/ now (never earlier), run test.sh, read the reward. Never raises."""
+        timeout = timeout or self.task.verifier_timeout_sec
+        try:
+            self.upload(self.task.tests_dir, "/tests")
+            r = self.container.exec_run(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}"])
+            return _parse_reward(r.output.decode(errors="replace"), timeout)
+        except Exception as e:
+            return Verdict(0.0, f"verifier failed: {type(e).__name__}: {e}", "")
+
+    def close(self) -> None:
+        try:
+            self.container.remove(force=True)
+        except Exception:
+            pass  # already gone
+
+
+@functools.cache
+def _engine_ncpu() -> int:
+    return int(docker_client().info().get("NCPU", os.cpu_count() or 1))
+
+
+def start_env(task: Task, image: str | None = None, allow_internet: bool = False) -> Env:
+    """Start a container for `task` (from its image, or from a snapshot image to fork)."""
+    import docker
+
+    client = docker_client()
+    image = image or task_image(task)
+    ncpu = _engine_ncpu()
+    try:
+        c = client.containers.run(
+            image, ["sleep", "infinity"], detach=True, init=True,
+            labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name},
+            network_mode="bridge" if (allow_internet and task.allow_internet) else "none",
+            nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
+            working_dir=task.workdir,
+        )
+    except docker.errors.APIError as e:
+        raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
+    return Env(c, task, image)
+
+
+def fork(snapshot: str, task: Task, n: int) -> list[Env]:
+    """n independent containers from one snapshot image (started concurrently)."""
+    with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
+        futures = [pool.submit(start_env, task, snapshot) for _ in range(n)]
+        envs, errors = [], []
+        for f in futures:
+            try:
+                envs.append(f.result())
+            except Exception as e:
+                errors.append(e)
+    if errors:
+        for e in envs:
+            e.close()
+        raise errors[0]
+    return envs
+
+
+def remove_image(tag: str) -> None:
+    try:
+        docker_client().images.remove(tag, force=True)
+    except Exception:
+        pass  # already gone
+
+
+def reap(run_id: str | None = RUN_ID, snapshots: bool = True) -> tuple[int, int]:
+    """Remove containers (and unkept snapshot images) of one run, or of every run if None."""
+    client = docker_client()
+    run = [f"reterm.run={run_id}"] if run_id else []
+    containers = client.containers.list(all=True, filters={"label": [LABEL, *run]})
+    for c in containers:
+        try:
+            c.remove(force=True)
+        except Exception:
+            pass
+    images = []
+    if snapshots:
+        images = client.images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=0", *run]})
+    for im in images:
+        remove_image(im.id)
+    return len(containers), len(images)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def env_session() -> Iterator[None]:
+    """Wrap a stage's work: SIGTERM behaves like Ctrl-C, and on any exit every container and
+    unkept snapshot image this process made is removed."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
+    try:
+        yield
+    finally:
+        reap(RUN_ID)
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def run_concurrently(
+    fn: Callable[[Any], Any], items: list, concurrency: int, desc: str = ""
+) -> Iterator[tuple[Any, Any]]:
+    """Yield (item, result) as they complete, running `fn` on `concurrency` threads; an
+    exception from fn is yielded as the result. Ctrl-C cancels pending work at once."""
+    from tqdm import tqdm
+
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    futures = {pool.submit(fn, it): it for it in items}
+    try:
+        for f in tqdm(as_completed(futures), total=len(futures), desc=desc, disable=not desc):
+            try:
+                yield futures[f], f.result()
+            except Exception as e:
+                yield futures[f], e
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# agent protocol
+# ════════════════════════════════════════════════════════════════════════════
+
+SYSTEM_PROMPT = (
+    "You are a terminal assistant. You solve the user's task by interacting with a Linux "
+    "terminal through the `bash` tool.\n"
+    "- Each tool call runs exactly one non-interactive shell command (no editors, pagers or "
+    "prompts; pass -y or redirect input where needed).\n"
+    "- The current directory and exported environment variables persist between calls.\n"
+    "- Inspect before you change things, and check your work.\n"
+    "- When the task is done, answer with a short summary and no tool call."
+)
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run one non-interactive bash command in the task's Linux terminal and "
+                       "return its combined stdout/stderr and exit code.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The command to run."}},
+            "required": ["command"],
+        },
+    },
+}
+
+_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>(.*)</function>\Z", re.S)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _parse_one_call(body: str) -> dict:
+    """One `<tool_call>` body (Qwen3.5 XML or Hermes JSON) -> OpenAI-style call; ValueError if bad."""
+    body = body.strip()
+    if body.startswith("{"):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tool call is not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError("tool call JSON must be an object")
+        name, args = obj.get("name"), obj.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                raise ValueError("tool call arguments are not valid JSON") from None
+    else:
+        m = _XML_FUNCTION.match(body)
+        if not m:
+            raise ValueError("tool call must be <function=NAME>...</function> or a JSON object")
+        name, args = m.group(1).strip(), dict(_XML_PARAM.findall(m.group(2)))
+    if name != BASH_TOOL["function"]["name"]:
+        raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
+    if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
+        raise ValueError("the bash tool needs a non-empty string 'command' argument")
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
+    """Tool calls in a model message, as OpenAI-style dicts, plus an error for malformed output.
+
+    Accepts Qwen3.5's XML format and Hermes JSON inside `<tool_call>` tags. Any malformed call
+    (unclosed tag, bad JSON, unknown tool, no command) makes the whole message an error, so the
+    rollout answers with an error observation and the episode goes on. A message with several
+    calls yields all of them; the rollout executes only the first and says so in the observation.
+    No tool call at all -> ([], None): the model is answering, the episode ends.
+    """
+    opens, closes = text.count("<tool_call>"), text.count("</tool_call>")
+    if opens != closes:
+        return [], "malformed tool call: unbalanced <tool_call> / </tool_call> tags"
+    if opens == 0:
+        if "<function=" in text:
+            return [], "malformed tool call: <function=...> must be inside <tool_call></tool_call>"
+        return [], None
+    try:
+        return [_parse_one_call(b) for b in _TOOL_BLOCK.findall(text)], None
+    except ValueError as e:
+        return [], f"malformed tool call: {e}"
+
+
+def initial_messages(instruction: str) -> list[dict]:
+    """The context every first attempt starts from: system prompt + the task instruction."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+
+
+def recovery_message(instruction: str) -> dict:
+    """The user turn that opens a recovery attempt (ReTerm §4): the task is restated in full
+    because failed attempts are long and the original instruction may be far back."""
+    return {"role": "user", "content": (
+        "Your previous attempt at this task FAILED: the task's tests did not pass.\n"
+        "The environment has NOT been reset: every file, package and change from that attempt "
+        "is still there. Inspect the current state, find and repair what is wrong, keep the "
+        "progress that is useful, and finish the original task.\n\n"
+        f"The original task:\n{instruction}"
+    )}
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# tokens & masks
+# ════════════════════════════════════════════════════════════════════════════
+# Token-in, token-out (DESIGN §5): a rollout keeps the ids it sampled and appends observations
+# as *deltas* of the chat template; re-tokenising the whole history would drift from what the
+# model actually saw (BPE merges across turn boundaries, whitespace the model chose).
+
+# An anchor for templates that rewrite history (e.g. Qwen3's drops earlier <think> blocks).
+_ANCHOR = [{"role": "user", "content": "\x00anchor\x00"},
+           {"role": "assistant", "content": "\x00anchor\x00"}]
+
+
+def _normalize(messages: list[dict]) -> list[dict]:
+    """Tool-call arguments as dicts (data sets often store OpenAI's JSON strings)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                f = c.get("function", c)
+                args = f.get("arguments", {})
+                args = json.loads(args) if isinstance(args, str) else args
+                calls.append({"type": "function", "function": {"name": f["name"], "arguments": args}})
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def render_text(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template's text for `messages`, with the bash tool declared."""
+    return tokenizer.apply_chat_template(_normalize(messages), tools=[BASH_TOOL], tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    """Token ids of a whole rendered conversation (used for the first prompt only)."""
+    return _encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt))
+
+
+def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, closed: bool) -> str:
+    """Text that rendering `base + new` adds after `base`'s render.
+
+    closed=True cuts after base's final `<|im_end|>` (the sampled tokens stop there; the
+    template's trailing `\\n` belongs to the next delta); closed=False cuts after the generation
+    prompt. If the template rewrites history, base is replaced by a neutral anchor whose last
+    message we locate by content, so the delta still only depends on the new messages."""
+    eos = tokenizer.eos_token
+    head = render_text(tokenizer, base, add_generation_prompt=not closed)
+    if closed:
+        head = head[: head.rindex(eos) + len(eos)]
+    full = render_text(tokenizer, base + new, add_generation_prompt=gen)
+    if full.startswith(head):
+        return full[len(head):]
+    anchor = _ANCHOR if closed else _ANCHOR[:1]
+    full = render_text(tokenizer, anchor + new, add_generation_prompt=gen)
+    pos = full.rindex(anchor[-1]["content"])
+    if closed:
+        return full[full.index(eos, pos) + len(eos):]
+    head = render_text(tokenizer, anchor, add_generation_prompt=True)
+    return full[len(head):]
+
+
+def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
+    """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
+    that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
+    generation was cut by max_tokens, append the eos token (mask 0) before calling this."""
+    return _encode(tokenizer, _suffix_after(tokenizer, messages, new_messages, gen=True, closed=True))
+
+
+def assistant_turn_ids(tokenizer: Any, messages: list[dict], message: dict) -> list[int]:
+    """Canonical tokens of assistant `message` after the generation prompt that follows
+    `messages`, up to and including its `<|im_end|>`: what a model following its template
+    samples. SFT trains on exactly these tokens."""
+    text = _suffix_after(tokenizer, messages, [message], gen=False, closed=False)
+    eos = tokenizer.eos_token
+    return _encode(tokenizer, text[: text.index(eos) + len(eos)])
+
+
+@dataclasses.dataclass
+class TokenTrace:
+    """One episode as the policy saw it: ids, the sampling logprob of each id (0.0 where not
+    sampled), and the loss mask (1 on sampled tokens of the trained span)."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def start(cls, tokenizer: Any, messages: list[dict]) -> TokenTrace:
+        """A trace holding the prompt for `messages`, ending with the generation prompt."""
+        trace = cls()
+        trace.add_context(render_ids(tokenizer, messages, add_generation_prompt=True))
+        return trace
+
+    def add_context(self, ids: list[int]) -> None:
+        """Tokens the policy did not sample (prompts, observations): never trained on."""
+        self.ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [0] * len(ids)
+
+    def add_sampled(self, ids: list[int], logprobs: list[float] | None, trained: bool) -> None:
+        """Tokens the policy sampled (logprobs None for canonical SFT tokens)."""
+        logprobs = [0.0] * len(ids) if logprobs is None else list(logprobs)
+        assert len(logprobs) == len(ids), "one logprob per sampled token"
+        self.ids += ids
+        self.logprobs += logprobs
+        self.mask += [int(trained)] * len(ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_index: int | None = None,
+                      all_assistant: bool = False) -> TokenTrace:
+    """The trace a rollout would have produced for `messages` (prompt render, canonical assistant
+    turns, observation deltas) -- built with the rollout's own functions, so SFT and RL see
+    identical tokenisation. Mask 1 on assistant turns with index >= train_from_message_index;
+    all of them when all_assistant is set or no index is given."""
+    messages = _normalize(messages)
+    first = 0 if all_assistant or train_from_message_index is None else train_from_message_index
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        return TokenTrace.start(tokenizer, messages)
+    trace = TokenTrace.start(tokenizer, messages[: turns[0]])
+    for i, nxt in zip(turns, turns[1:] + [None]):
+        trace.add_sampled(assistant_turn_ids(tokenizer, messages[:i], messages[i]), None, i >= first)
+        if nxt is not None or i + 1 < len(messages):
+            trace.add_context(delta_ids(tokenizer, messages[: i + 1], messages[i + 1: nxt]))
+    return trace
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# models
+# ════════════════════════════════════════════════════════════════════════════
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# policy engines
+# ════════════════════════════════════════════════════════════════════════════
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# rollout
+# ════════════════════════════════════════════════════════════════════════════
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# command line: python common.py docker-up | reap | tiny-model OUT [--arch qwen3]
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def _cli(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python common.py", description="ReTerm helpers")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("docker-up", help="start the Docker engine and seed the base image if needed")
+    sub.add_parser("reap", help="remove every container and unkept snapshot image labelled reterm")
+    tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
+    tiny.add_argument("out")
+    tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
+    args = p.parse_args(argv)
+    if args.cmd == "docker-up":
+        docker_up()
+        print(f"docker ready; base image {BASE_IMAGE} present")
+    elif args.cmd == "reap":
+        n, m = reap(run_id=None)
+        print(f"removed {n} containers and {m} snapshot images")
+    elif args.cmd == "tiny-model":
+        print(make_tiny_model(args.out, arch=args.arch))
+
+
+if __name__ == "__main__":
+    _cli(sys.argv[1:])

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test command: set up (idempotent), then the whole suite against a real Docker engine.
+set -euo pipefail
+cd "$(dirname "$0")"
+bash setup.sh
+python3 -m pytest -q "$@"
