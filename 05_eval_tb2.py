@@ -14,6 +14,8 @@ import json
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 import common as C
 
 
@@ -23,7 +25,18 @@ class Config:
 
     tasks: str = "tasks"  # folder of Harbor tasks (Terminal-Bench 2.0 layout)
     out: str = "runs/eval"  # output folder: trials.jsonl, summary.json, config.json
-    agent: str = "oracle"  # oracle (runs solution/solve.sh) | null (does nothing)
+    agent: str = "oracle"  # oracle (runs solution/solve.sh) | null (does nothing) | policy
+    model: str | None = None  # --agent policy: a model folder or hub name
+    engine: str = "vllm"  # vllm | hf (transformers fallback)
+    dtype: str = "bfloat16"  # policy weights' dtype in the engine
+    temperature: float = 0.6  # sampling temperature (0 = greedy)
+    top_p: float = 0.95  # nucleus sampling
+    max_tokens: int = 4096  # per assistant turn
+    max_turns: int = 50  # assistant turns per attempt
+    max_context: int = 32768  # tokens per attempt (the engine's max_model_len)
+    command_timeout: float = 180.0  # seconds per bash call
+    seed: int = 0  # sampling seed
+    recovery: bool = False  # run one recovery attempt from each failed trial's snapshot (Recovery@1)
     trials: int = 1  # k trials per task; Pass@1 averages over all of them
     concurrency: int = 4  # trials running at once (one container each)
     task_filter: str | None = None  # regex: only tasks whose name matches
@@ -52,6 +65,48 @@ def run_trial(cfg: Config, task: C.Task, trial: int) -> dict:
     return row
 
 
+def run_policy(cfg: Config, todo: list[tuple[C.Task, int]], out: Path) -> None:
+    """Policy trials in batched rollouts of `concurrency` containers; with --recovery, each
+    failed trial's snapshot (committed before verification) gets one recovery attempt."""
+    vllm_kw = {"max_model_len": cfg.max_context, "seed": cfg.seed} if cfg.engine == "vllm" else {}
+    engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **vllm_kw)
+    sampling = C.SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.seed)
+    rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, cfg.command_timeout,
+                           cfg.timeout_multiplier, cfg.concurrency, sampling)
+    tasks = {t.name: t for t, _ in todo}
+    bar = tqdm(total=len(todo), desc="eval[policy]")
+    for lo in range(0, len(todo), cfg.concurrency):
+        chunk = todo[lo:lo + cfg.concurrency]
+        episodes, _ = C.run_attempts([t for t, _ in chunk], engine, rcfg,
+                                     "failed" if cfg.recovery else "none", cfg.allow_internet)
+        failed = [(ep, k) for ep, (_, k) in zip(episodes, chunk, strict=True) if ep.reward < 1.0]
+        if cfg.recovery and failed:
+            states = [C.FailureState.from_episode(ep, cfg.model) for ep, _ in failed]
+            groups, _ = C.run_recoveries(states, tasks, 1, engine, rcfg)
+            for (ep, k), (rec,) in zip(failed, groups, strict=True):
+                C.remove_image(ep.snapshot)
+                C.append_jsonl(out / "recovery.jsonl", {
+                    "task": ep.task.name, "trial": k, "category": ep.category, "reward": rec.reward,
+                    "turns": rec.turns, "error": rec.verify_error})
+                save_trajectory(out, f"{ep.task.name}__{k}__recovery", rec)
+        for ep, (task, k) in zip(episodes, chunk, strict=True):
+            save_trajectory(out, f"{task.name}__{k}", ep)
+            C.append_jsonl(out / "trials.jsonl", {
+                "task": task.name, "trial": k, "category": task.category,
+                "difficulty": task.difficulty, "reward": ep.reward, "error": ep.verify_error,
+                "turns": ep.turns, "end": ep.end, "error_category": ep.category,
+                "agent_timed_out": ep.end == "timeout", "seconds": ep.seconds})
+        bar.update(len(chunk))
+    bar.close()
+
+
+def save_trajectory(out: Path, name: str, ep: C.Episode) -> None:
+    """Messages + token ids per trial, so a failure can be inspected (and trained on)."""
+    path = out / "trajectories" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(ep.record()))
+
+
 def summarize(rows: list[dict], n_tasks: int) -> dict:
     """Pass@1 overall and by category / difficulty."""
 
@@ -78,12 +133,20 @@ def print_table(summary: dict) -> None:
             print(f"{key[3:] + ':' + name:<28}{s['n_trials']:>8}{s['pass_at_1']:>9.3f}")
     print(f"{'overall':<28}{summary['n_trials']:>8}{summary['pass_at_1']:>9.3f}"
           f"   ({summary['n_tasks']} tasks, {summary['n_errors']} trials with errors)")
+    if "recovery_at_1" in summary:
+        print(f"\n{'failure category':<28}{'failures':>8}{'rec@1':>9}")
+        for name, r in summary["recovery_by_category"].items():
+            print(f"{name:<28}{r['n_failures']:>8}{r['recovery_at_1']:>9.3f}")
+        n = sum(r["n_failures"] for r in summary["recovery_by_category"].values())
+        print(f"{'recovery overall':<28}{n:>8}{summary['recovery_at_1']:>9.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
-    if cfg.agent not in ("oracle", "null"):
-        raise SystemExit(f"--agent {cfg.agent!r}: choose oracle or null")
+    if cfg.agent not in ("oracle", "null", "policy"):
+        raise SystemExit(f"--agent {cfg.agent!r}: choose oracle, null or policy")
+    if cfg.agent == "policy" and not cfg.model:
+        raise SystemExit("--agent policy needs --model PATH (a model folder or hub name)")
     tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
     out = Path(cfg.out)
     C.dump_config(cfg, out)
@@ -92,12 +155,24 @@ def main(argv: list[str] | None = None) -> dict:
     todo = [(t, k) for t in tasks for k in range(cfg.trials) if (t.name, k) not in done]
     C.log0(f"{len(tasks)} tasks x {cfg.trials} trials: {len(done)} done, {len(todo)} to run")
     with C.env_session():
-        for _, row in C.run_concurrently(lambda tk: run_trial(cfg, *tk), todo, cfg.concurrency,
-                                         desc=f"eval[{cfg.agent}]"):
-            C.append_jsonl(trials_path, row)
+        if cfg.agent == "policy":
+            if todo:
+                run_policy(cfg, todo, out)
+        else:
+            for _, row in C.run_concurrently(lambda tk: run_trial(cfg, *tk), todo, cfg.concurrency,
+                                             desc=f"eval[{cfg.agent}]"):
+                C.append_jsonl(trials_path, row)
     names = {t.name for t in tasks}
     rows = [r for r in C.read_jsonl(trials_path) if r["task"] in names and r["trial"] < cfg.trials]
     summary = summarize(rows, len(tasks))
+    recs = [r for r in C.read_jsonl(out / "recovery.jsonl") if r["task"] in names]
+    if recs:
+        by = collections.defaultdict(list)
+        for r in recs:
+            by[r["category"]].append(r["reward"])
+        summary["recovery_at_1"] = sum(r["reward"] for r in recs) / len(recs)
+        summary["recovery_by_category"] = {
+            k: {"recovery_at_1": sum(v) / len(v), "n_failures": len(v)} for k, v in sorted(by.items())}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_table(summary)
     return summary

@@ -801,11 +801,9 @@ def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, 
         return full[len(head):]
     anchor = _ANCHOR if closed else _ANCHOR[:1]
     full = render_text(tokenizer, anchor + new, add_generation_prompt=gen)
-    pos = full.rindex(anchor[-1]["content"])
     if closed:
-        return full[full.index(eos, pos) + len(eos):]
-    head = render_text(tokenizer, anchor, add_generation_prompt=True)
-    return full[len(head):]
+        return full[full.index(eos, full.rindex(anchor[-1]["content"])) + len(eos):]
+    return full[len(render_text(tokenizer, anchor, add_generation_prompt=True)):]
 
 
 def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
@@ -880,16 +878,523 @@ def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_i
 # ════════════════════════════════════════════════════════════════════════════
 # models
 # ════════════════════════════════════════════════════════════════════════════
+# No model hub at run time (DESIGN §7): tests and the tiny pipeline use a random-init model with
+# a BPE trained here in about a second and a chat template in Qwen3.5's tool-call format. The
+# template never rewrites earlier turns, so delta rendering is exact for it.
+
+TINY_CHAT_TEMPLATE = r"""
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call><|im_end|>\n' }}
+{%- elif messages and messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'assistant' %}
+{{- '<|im_start|>assistant\n' + (m.content or '') }}
+{%- for tc in (m.tool_calls or []) %}
+{%- set f = tc.function if tc.function is defined else tc %}
+{%- if not loop.first %}{{- '\n' }}{%- elif m.content and m.content | trim %}{{- '\n\n' }}{%- endif %}
+{{- '<tool_call>\n<function=' + f.name + '>\n' }}
+{%- for k, v in f.arguments | items %}
+{{- '<parameter=' + k + '>\n' + (v if v is string else v | tojson) + '\n</parameter>\n' }}
+{%- endfor %}
+{{- '</function>\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif m.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- else %}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+""".strip()
+
+_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def _tiny_corpus() -> list[str]:
+    """Deterministic local text with the shapes a terminal agent sees: commands, prompts,
+    JSON/XML, Python, and whole rendered conversations."""
+    cmds = ["ls -la /app", "cd /app && pwd", "cat README.md", "grep -rn 'TODO' src/",
+            "python3 -m pytest -q tests/", "pip install -r requirements.txt", "echo $HOME",
+            "apt-get install -y curl", "export PATH=/usr/local/bin:$PATH", "mkdir -p /app/out",
+            "sed -n '1,40p' main.py", "find . -name '*.py' | head", "tar -xzf data.tar.gz",
+            "git status && git log --oneline | head -5", "chmod +x run.sh && ./run.sh",
+            "python3 -c 'import json; print(json.load(open(\"config.json\")))'", "wc -l *.txt"]
+    prose = [SYSTEM_PROMPT, recovery_message("Fix the failing build in /app.")["content"],
+             json.dumps(BASH_TOOL, indent=2), json.dumps({"id": 3, "task_id": "fix-git", "ok": True}),
+             "Write a script that reads data.csv, computes the mean of each column and saves "
+             "the result to /app/out/summary.json. The tests check the file exists.",
+             "The command failed with exit code 1: No such file or directory.",
+             "def main():\n    for i in range(10):\n        print(f'step {i}')\n\n"
+             "if __name__ == '__main__':\n    main()\n",
+             "<config><name>server</name><port>8080</port></config>"]
+    out = prose * 20
+    for i, cmd in enumerate(cmds * 8):
+        call = {"type": "function", "function": {"name": "bash", "arguments": {"command": cmd}}}
+        out.append(f"<|im_start|>assistant\nLet me check step {i}.\n\n<tool_call>\n<function=bash>\n"
+                   f"<parameter=command>\n{cmd}\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+                   f"<|im_start|>user\n<tool_response>\n[exit code {i % 3}]\n</tool_response><|im_end|>\n")
+        out.append(json.dumps(call))
+    return out
+
+
+def make_tiny_tokenizer() -> Any:
+    """A ~2k-token byte-level BPE with Qwen's special tokens and the tiny chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    split = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=_SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_tiny_corpus(), trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _MARKUP])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"], chat_template=TINY_CHAT_TEMPLATE,
+                                   model_max_length=32768, clean_up_tokenization_spaces=False)
+
+
+def make_tiny_model(out_dir: str | Path, arch: str = "qwen3_5", seed: int = 0) -> Path:
+    """Write a random-init tiny model folder (safetensors + tokenizer + chat template).
+
+    arch "qwen3_5": Qwen3_5ForCausalLM with one linear-attention and one full-attention layer
+    (linear key/value head dim 128, what vLLM's CPU kernels need); "qwen3": Qwen3ForCausalLM.
+    Attention head_dim is 32 because vLLM on CPU rejects smaller. Deterministic per seed."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = make_tiny_tokenizer()
+    shape = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, max_position_embeddings=32768,
+                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    if arch == "qwen3_5":
+        cfg = Qwen3_5TextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                                linear_key_head_dim=128, linear_value_head_dim=128,
+                                linear_num_key_heads=1, linear_num_value_heads=1, **shape)
+        model = Qwen3_5ForCausalLM(cfg)
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, **shape))
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}: use 'qwen3_5' or 'qwen3'")
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _check_model_path(path: str | Path) -> str:
+    """A path-looking name that doesn't exist is a user error; anything else may be a hub name."""
+    s = str(path)
+    if not Path(s).exists() and (Path(s).is_absolute() or s.startswith((".", "~")) or s.count("/") > 1):
+        raise FileNotFoundError(f"{s}: model folder does not exist: pass a local model folder or a hub name")
+    return s
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The model's tokenizer; it must carry a chat template (tools are rendered by it, §5)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_check_model_path(path))
+    if not tok.chat_template:
+        raise ValueError(f"{path}: tokenizer has no chat template: use an instruct/chat model folder "
+                         "(or one written by make_tiny_model)")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str | Path, dtype: Any = None) -> Any:
+    """AutoModelForCausalLM (a multimodal Qwen3.5 checkpoint loads as its text-only LM, §7)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(_check_model_path(path), dtype=dtype or torch.float32)
 
 
 # ════════════════════════════════════════════════════════════════════════════
 # policy engines
 # ════════════════════════════════════════════════════════════════════════════
+# One interface, two engines: generate(prompt ids) -> sampled ids + the logprob of each sampled
+# token under the distribution it was sampled from (temperature / top-p applied), and
+# update_weights(named tensors) after each optimizer step (DESIGN §6).
+
+
+@dataclasses.dataclass
+class Generation:
+    ids: list[int]  # sampled tokens, ending with <|im_end|> when finish_reason == "stop"
+    logprobs: list[float]  # logprob of each sampled token under the sampling distribution
+    finish_reason: str  # "stop" (eos) or "length" (max_tokens)
+
+
+@dataclasses.dataclass
+class SamplingConfig:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 2048  # per assistant turn
+    seed: int | None = None  # prompt i of a batch uses seed + i, so a group's copies differ
+
+
+class VLLMEngine:
+    """vllm.LLM, in-process (the weights can be handed over without copies or IPC). On CPU it
+    needs eager mode and the uni executor; it starts in a few seconds on a tiny model."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
+                 gpu_memory_utilization: float = 0.5, seed: int = 0):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            import torch
+            import vllm
+        except ImportError:
+            raise ImportError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
+                              "requirements.txt (GPU), or pass --engine hf") from None
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+        self.tokenizer = load_tokenizer(model_path)
+        kw: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else {}
+        self.llm = vllm.LLM(model=_check_model_path(model_path), dtype=dtype, max_model_len=max_model_len,
+                            seed=seed, enforce_eager=not on_gpu, distributed_executor_backend="uni",
+                            logprobs_mode="processed_logprobs", **kw)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_tokens, logprobs=0, detokenize=False,
+                                 stop_token_ids=[self.tokenizer.eos_token_id],
+                                 seed=None if sampling.seed is None else sampling.seed + i)
+                  for i in range(len(prompts))]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        gens = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            gens.append(Generation(ids, [lp[t].logprob for t, lp in zip(ids, c.logprobs)],
+                                   "stop" if c.finish_reason == "stop" else "length"))
+        return gens
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed
+        with the old ones. Sleep level 2 would discard weights; we never sleep."""
+        weights = [(n, t.detach()) for n, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+
+class HFEngine:
+    """transformers fallback with VLLMEngine's interface: batched, left-padded sampling."""
+
+    def __init__(self, model_path: str | Path | None = None, dtype: str = "float32", model: Any = None,
+                 tokenizer: Any = None, device: str | None = None):
+        import torch
+
+        self.model = model if model is not None else load_model(model_path, getattr(torch, dtype))
+        self.tokenizer = tokenizer or load_tokenizer(model_path or self.model.name_or_path)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model.to(self.device).eval()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        import torch
+
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        greedy = sampling.temperature == 0
+        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_tokens,
+                                      do_sample=not greedy, eos_token_id=eos, pad_token_id=pad,
+                                      output_scores=True, return_dict_in_generate=True, **sample_kw)
+        # `scores` are the processed logits the sampler drew from, so these are behaviour logprobs.
+        new = out.sequences[:, width:]
+        logps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None])[..., 0]
+        gens = []
+        for row, lp in zip(new.tolist(), logps.tolist()):
+            n = row.index(eos) + 1 if eos in row else len(row)
+            gens.append(Generation(row[:n], lp[:n], "stop" if eos in row else "length"))
+        return gens
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        missing, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
+        if unexpected:
+            raise KeyError(f"update_weights: unknown parameter names {unexpected[:5]}")
+
+
+def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
+    """'vllm' (fast rollouts) or 'hf' (no vLLM installed)."""
+    engines = {"vllm": VLLMEngine, "hf": HFEngine}
+    if kind not in engines:
+        raise ValueError(f"unknown engine {kind!r}: use 'vllm' or 'hf'")
+    return engines[kind](model_path, **kw)
 
 
 # ════════════════════════════════════════════════════════════════════════════
 # rollout
 # ════════════════════════════════════════════════════════════════════════════
+# Many episodes step together: one engine call per turn for every live episode (the batch is
+# what makes vLLM fast), their commands run on a thread pool (containers are independent).
+# An attempt's trace always ends right after an assistant turn's <|im_end|>; observations
+# that arrived after it (e.g. the last command at max turns) stay in `messages` only and
+# enter the tokens as part of the next delta (the recovery message).
+
+ERROR_CATEGORIES = {
+    "timeout": "the agent timeout ran out",
+    "max_turns": "max turns or the context length ran out before the agent finished",
+    "malformed_output": "most turns produced no parseable tool call",
+    "gave_up_early": "declared done after at most one successful command",
+    "command_error": "the last commands failed (non-zero exit or timed out) and it stopped",
+    "faulty_implementation": "commands ran fine and it declared done, but the tests fail",
+}
+
+
+def classify_failure(ep: Episode) -> str:
+    """The error category of a failed attempt; rules are checked in ERROR_CATEGORIES' order."""
+    if ep.end == "timeout":
+        return "timeout"
+    if ep.end in ("max_turns", "context_full"):
+        return "max_turns"
+    if ep.malformed * 2 > max(1, ep.turns):
+        return "malformed_output"
+    ok = [c for c in ep.commands if c["exit_code"] == 0 and not c["timed_out"]]
+    if len(ok) <= 1:
+        return "gave_up_early"
+    if ep.commands[-1]["exit_code"] != 0 or ep.commands[-1]["timed_out"]:
+        return "command_error"
+    return "faulty_implementation"
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    max_turns: int = 50  # assistant turns per attempt
+    max_context: int = 32768  # tokens; an attempt whose next turn would not fit ends
+    command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
+    timeout_multiplier: float = 1.0  # scales task.toml's agent/verifier timeouts
+    concurrency: int = 16  # containers stepped at once
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+
+
+@dataclasses.dataclass
+class Episode:
+    task: Task
+    messages: list[dict]
+    trace: TokenTrace  # mask = 1 only on tokens sampled in this attempt
+    attempt_from: int = 2  # messages[:attempt_from] are context (system+task, or failed attempt+recovery)
+    parent: str | None = None  # id of the failure state this attempt recovers from
+    turns: int = 0
+    end: str = ""  # answered | max_turns | context_full | timeout | error
+    commands: list[dict] = dataclasses.field(default_factory=list)
+    malformed: int = 0
+    reward: float = 0.0
+    verify_error: str | None = None
+    snapshot: str | None = None  # committed before verification, if asked for
+    category: str | None = None  # classify_failure() when reward < 1
+    seconds: float = 0.0
+
+    def record(self) -> dict:
+        """JSON-able: what stages write to disk (trajectories, failure records)."""
+        keys = ("parent", "turns", "end", "commands", "malformed", "reward", "verify_error",
+                "snapshot", "category", "seconds", "attempt_from", "messages")
+        return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
+                "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
+
+
+@dataclasses.dataclass
+class FailureState:
+    """A failed attempt frozen in a snapshot image: what fork-based recovery starts from."""
+
+    id: str
+    task: str
+    snapshot: str
+    messages: list[dict]
+    ids: list[int]
+    category: str
+    policy: str = ""
+
+    @classmethod
+    def from_episode(cls, ep: Episode, policy: str = "") -> FailureState:
+        body = json.dumps([ep.task.name, ep.messages], sort_keys=True).encode()
+        return cls(hashlib.sha256(body).hexdigest()[:16], ep.task.name, ep.snapshot or "",
+                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy)
+
+
+def first_attempt(task: Task, tokenizer: Any) -> Episode:
+    messages = initial_messages(task.instruction)
+    return Episode(task, messages, TokenTrace.start(tokenizer, messages), attempt_from=len(messages))
+
+
+def recovery_attempt(task: Task, state: FailureState, tokenizer: Any) -> Episode:
+    """Context = the failed attempt's exact tokens + (late observations and) the recovery
+    message as one delta; nothing of the failed attempt is trained on (mask 0)."""
+    last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
+    pending = state.messages[last + 1:] + [recovery_message(task.instruction)]
+    trace = TokenTrace()
+    trace.add_context(list(state.ids))
+    trace.add_context(delta_ids(tokenizer, state.messages[: last + 1], pending))
+    messages = state.messages[: last + 1] + pending
+    return Episode(task, messages, trace, attempt_from=len(messages), parent=state.id)
+
+
+def format_observation(res: CmdResult, note: str = "") -> str:
+    """What the model sees after a command: its (truncated) output and how it ended."""
+    tail = f"[timed out after {res.seconds:.0f}s]" if res.timed_out else f"[exit code: {res.exit_code}]"
+    return f"{res.output}{'' if res.output.endswith(chr(10)) or not res.output else chr(10)}{tail}{note}"
+
+
+def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutConfig, t0: float) -> None:
+    """Record one sampled turn and, if it calls the tool, run the command and add the observation."""
+    ids = list(gen.ids)
+    ep.trace.add_sampled(ids, gen.logprobs, trained=True)
+    if gen.finish_reason != "stop":  # cut by max_tokens: close the turn (not sampled, mask 0)
+        ep.trace.add_context([tokenizer.eos_token_id])
+    text = tokenizer.decode([i for i in ids if i != tokenizer.eos_token_id], skip_special_tokens=False)
+    calls, error = parse_tool_calls(text)
+    ep.turns += 1
+    if error or not calls:
+        ep.messages.append({"role": "assistant", "content": text})
+        if not error:
+            ep.end = "answered"
+            return
+        ep.malformed += 1
+        ep.messages.append({"role": "user", "content": f"ERROR: {error}. Call the bash tool in the "
+                            "format shown in the system prompt, or answer without a tool call if done."})
+        return
+    content = text[: text.index("<tool_call>")].strip()
+    ep.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+    command = calls[0]["function"]["arguments"]["command"]
+    left = ep.task.agent_timeout_sec * cfg.timeout_multiplier - (time.monotonic() - t0)
+    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, left)))
+    ep.commands.append({"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out,
+                        "seconds": round(res.seconds, 3)})
+    note = f"\n[only the first of {len(calls)} tool calls was run]" if len(calls) > 1 else ""
+    ep.messages.append({"role": "tool", "content": format_observation(res, note)})
+
+
+def rollout(envs: list[Env], episodes: list[Episode], engine: Any, cfg: RolloutConfig) -> dict:
+    """Step all episodes until each ends; returns timing stats (generation vs environment)."""
+    tok = engine.tokenizer
+    t0 = {id(ep): time.monotonic() for ep in episodes}
+    stats = {"gen_s": 0.0, "env_s": 0.0, "env_steps": 0, "gen_tokens": 0}
+    live = list(range(len(episodes)))
+    pool = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency))
+    try:
+        while live:
+            fits = [i for i in live if len(episodes[i].trace) + cfg.sampling.max_tokens <= cfg.max_context]
+            for i in set(live) - set(fits):
+                episodes[i].end = "context_full"
+            if not fits:
+                break
+            t = time.monotonic()
+            gens = engine.generate([episodes[i].trace.ids for i in fits], cfg.sampling)
+            stats["gen_s"] += time.monotonic() - t
+            stats["gen_tokens"] += sum(len(g.ids) for g in gens)
+            t = time.monotonic()
+            jobs = [pool.submit(_act, episodes[i], envs[i], g, tok, cfg, t0[id(episodes[i])])
+                    for i, g in zip(fits, gens)]
+            for j in jobs:
+                j.result()
+            stats["env_s"] += time.monotonic() - t
+            stats["env_steps"] += len(fits)
+            live = []
+            for i in fits:
+                ep = episodes[i]
+                if ep.end:
+                    continue
+                if ep.turns >= cfg.max_turns:
+                    ep.end = "max_turns"
+                elif time.monotonic() - t0[id(ep)] > ep.task.agent_timeout_sec * cfg.timeout_multiplier:
+                    ep.end = "timeout"
+                else:
+                    last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
+                    ep.trace.add_context(delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
+                    live.append(i)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    for ep in episodes:
+        ep.seconds = round(time.monotonic() - t0[id(ep)], 2)
+    return stats
+
+
+def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
+                 snapshot: str = "none", allow_internet: bool = False) -> dict:
+    """Start a container per episode (a task image or a snapshot to fork), roll out, snapshot
+    (before the verifier touches anything), verify, classify failures, close the containers.
+
+    snapshot: "none" | "failed" (kept images of failed attempts; others removed) | "all".
+    Runs in chunks of cfg.concurrency containers. Returns merged rollout stats."""
+    stats: dict = {}
+    for lo in range(0, len(episodes), max(1, cfg.concurrency)):
+        chunk = list(range(lo, min(lo + cfg.concurrency, len(episodes))))
+        started: dict[int, Env] = {}
+        try:
+            for i, env in run_concurrently(
+                    lambda i: start_env(episodes[i].task, images[i], allow_internet), chunk, len(chunk)):
+                if isinstance(env, Exception):
+                    raise env
+                started[i] = env
+            ordered = [started[i] for i in chunk]
+            part = rollout(ordered, [episodes[i] for i in chunk], engine, cfg)
+            for k, v in part.items():
+                stats[k] = stats.get(k, 0) + v
+
+            def finish(j: int) -> None:
+                ep, env = episodes[chunk[j]], ordered[j]
+                if snapshot != "none":
+                    ep.snapshot = env.snapshot(keep=snapshot == "failed")
+                v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
+                ep.reward, ep.verify_error = v.reward, v.error
+                if ep.reward < 1.0:
+                    ep.category = classify_failure(ep)
+                elif snapshot == "failed" and ep.snapshot:
+                    remove_image(ep.snapshot)
+                    ep.snapshot = None
+
+            for _, err in run_concurrently(finish, list(range(len(chunk))), len(chunk)):
+                if isinstance(err, Exception):
+                    raise err
+        finally:
+            for e in started.values():
+                e.close()
+    return stats
+
+
+def run_attempts(tasks: list[Task], engine: Any, cfg: RolloutConfig, snapshot: str = "none",
+                 allow_internet: bool = False) -> tuple[list[Episode], dict]:
+    """First attempts: one fresh container per entry of `tasks` (repeat a task for k attempts)."""
+    episodes = [first_attempt(t, engine.tokenizer) for t in tasks]
+    stats = run_episodes(episodes, [None] * len(tasks), engine, cfg, snapshot, allow_internet)
+    return episodes, stats
+
+
+def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, engine: Any,
+                   cfg: RolloutConfig, snapshot: str = "none") -> tuple[list[list[Episode]], dict]:
+    """Fork n containers from each failure state and let the policy recover in each; returns
+    one group of n episodes per state (the GRPO group)."""
+    episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer) for s in states for _ in range(n)]
+    images = [s.snapshot for s in states for _ in range(n)]
+    stats = run_episodes(episodes, images, engine, cfg, snapshot)
+    return [episodes[k * n:(k + 1) * n] for k in range(len(states))], stats
 
 
 # ════════════════════════════════════════════════════════════════════════════

@@ -1,0 +1,74 @@
+"""Environment-layer figures, measured side by side in one run (not a test).
+
+1. snapshot + fork of N containers vs N fresh starts of the same task image;
+2. oracle evaluation of all bundled tasks at concurrency 1 vs 4 (wall-clock ratio).
+
+    python bench/bench_env.py [--tasks tasks] [--n 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common as C  # noqa: E402
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default="tasks")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--skip-eval", action="store_true")
+    args = ap.parse_args()
+    tasks = C.load_tasks(args.tasks)
+    task = tasks[0]
+    with C.env_session():
+        C.task_image(task)  # build outside the timings
+        fresh, t_fresh = timed(lambda: [C.start_env(task) for _ in range(args.n)])
+        for e in fresh:
+            e.close()
+        fresh_par, t_fresh_par = timed(lambda: C.fork(C.task_image(task), task, args.n))
+        base = fresh_par[0]
+        base.bash("cd /app && export STAGE=1 && echo progress > /tmp/progress")
+        for e in fresh_par[1:]:
+            e.close()
+        snap, t_snap = timed(base.snapshot)
+        forks, t_fork = timed(lambda: C.fork(snap, task, args.n))
+        for e in forks + [base]:
+            e.close()
+        C.remove_image(snap)
+    print(f"\n== containers ({task.name}, n={args.n}) ==")
+    print(f"{args.n} fresh starts, one after another : {t_fresh:6.2f} s")
+    print(f"{args.n} fresh starts, concurrent         : {t_fresh_par:6.2f} s")
+    print(f"snapshot (docker commit)               : {t_snap:6.2f} s")
+    print(f"fork {args.n} from the snapshot, concurrent : {t_fork:6.2f} s")
+    print(f"snapshot + fork vs fresh concurrent    : {(t_snap + t_fork) / t_fresh_par:6.2f}x the time")
+    if args.skip_eval:
+        return
+    ev = importlib.import_module("05_eval_tb2")
+    for t in tasks:
+        C.task_image(t)  # images cached: both runs measure evaluation, not builds
+    walls = {}
+    for conc in (1, 4):
+        with tempfile.TemporaryDirectory() as d:
+            s, walls[conc] = timed(lambda: ev.main(["--tasks", args.tasks, "--out", d,
+                                                    "--concurrency", str(conc)]))
+            assert s["pass_at_1"] == 1.0, s
+    print(f"\n== oracle evaluation of {len(tasks)} tasks ==")
+    print(f"concurrency 1 : {walls[1]:6.1f} s")
+    print(f"concurrency 4 : {walls[4]:6.1f} s   (speed-up {walls[1] / walls[4]:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
