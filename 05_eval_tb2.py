@@ -127,18 +127,18 @@ def summarize(rows: list[dict], n_tasks: int) -> dict:
 
 
 def print_table(summary: dict) -> None:
-    print(f"\n{'group':<28}{'trials':>8}{'pass@1':>9}")
+    print(f"\n{"group":<30}{'trials':>8}{'pass@1':>9}")
     for key in ("by_category", "by_difficulty"):
         for name, s in summary[key].items():
-            print(f"{key[3:] + ':' + name:<28}{s['n_trials']:>8}{s['pass_at_1']:>9.3f}")
-    print(f"{'overall':<28}{summary['n_trials']:>8}{summary['pass_at_1']:>9.3f}"
+            print(f"{key[3:] + ':' + name:<32}{s['n_trials']:>8}{s['pass_at_1']:>9.3f}")
+    print(f"{'overall':<32}{summary['n_trials']:>8}{summary['pass_at_1']:>9.3f}"
           f"   ({summary['n_tasks']} tasks, {summary['n_errors']} trials with errors)")
     if "recovery_at_1" in summary:
-        print(f"\n{'failure category':<28}{'failures':>8}{'rec@1':>9}")
+        print(f"\n{'failure category':<32}{'failures':>8}{'rec@1':>9}")
         for name, r in summary["recovery_by_category"].items():
-            print(f"{name:<28}{r['n_failures']:>8}{r['recovery_at_1']:>9.3f}")
+            print(f"{name:<32}{r['n_failures']:>8}{r['recovery_at_1']:>9.3f}")
         n = sum(r["n_failures"] for r in summary["recovery_by_category"].values())
-        print(f"{'recovery overall':<28}{n:>8}{summary['recovery_at_1']:>9.3f}")
+        print(f"{'recovery overall':<32}{n:>8}{summary['recovery_at_1']:>9.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
