@@ -127,7 +127,7 @@ def summarize(rows: list[dict], n_tasks: int) -> dict:
 
 
 def print_table(summary: dict) -> None:
-    print(f"\n{"group":<30}{'trials':>8}{'pass@1':>9}")
+    print(f"\n{'group':<32}{'trials':>8}{'pass@1':>9}")
     for key in ("by_category", "by_difficulty"):
         for name, s in summary[key].items():
             print(f"{key[3:] + ':' + name:<32}{s['n_trials']:>8}{s['pass_at_1']:>9.3f}")

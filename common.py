@@ -13,6 +13,7 @@ import functools
 import hashlib
 import inspect
 import io
+import itertools
 import json
 import os
 import re
@@ -868,7 +869,7 @@ def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_i
     if not turns:
         return TokenTrace.start(tokenizer, messages)
     trace = TokenTrace.start(tokenizer, messages[: turns[0]])
-    for i, nxt in zip(turns, turns[1:] + [None]):
+    for i, nxt in zip(turns, turns[1:] + [None], strict=True):
         trace.add_sampled(assistant_turn_ids(tokenizer, messages[:i], messages[i]), None, i >= first)
         if nxt is not None or i + 1 < len(messages):
             trace.add_context(delta_ids(tokenizer, messages[: i + 1], messages[i + 1: nxt]))
@@ -888,7 +889,9 @@ TINY_CHAT_TEMPLATE = r"""
 {%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
 {{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
 {%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
-{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call><|im_end|>\n' }}
+{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:' }}
+{{- '\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1' }}
+{{- '\n</parameter>\n</function>\n</tool_call><|im_end|>\n' }}
 {%- elif messages and messages[0].role == 'system' %}
 {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
@@ -949,12 +952,13 @@ def _tiny_corpus() -> list[str]:
 
 
 def make_tiny_tokenizer() -> Any:
-    """A ~2k-token byte-level BPE with Qwen's special tokens and the tiny chat template."""
+    """A small (~900-token) byte-level BPE with Qwen's special tokens and the tiny chat template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    split = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    split = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""  # Qwen2-style pre-split
+             r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -963,9 +967,10 @@ def make_tiny_tokenizer() -> Any:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_tiny_corpus(), trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _MARKUP])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"], chat_template=TINY_CHAT_TEMPLATE,
-                                   model_max_length=32768, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"], chat_template=TINY_CHAT_TEMPLATE,
+        model_max_length=32768, clean_up_tokenization_spaces=False)
 
 
 def make_tiny_model(out_dir: str | Path, arch: str = "qwen3_5", seed: int = 0) -> Path:
@@ -1000,19 +1005,26 @@ def make_tiny_model(out_dir: str | Path, arch: str = "qwen3_5", seed: int = 0) -
     return out
 
 
-def _check_model_path(path: str | Path) -> str:
-    """A path-looking name that doesn't exist is a user error; anything else may be a hub name."""
-    s = str(path)
-    if not Path(s).exists() and (Path(s).is_absolute() or s.startswith((".", "~")) or s.count("/") > 1):
-        raise FileNotFoundError(f"{s}: model folder does not exist: pass a local model folder or a hub name")
-    return s
+def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
+    """loader.from_pretrained with one clear error for a missing folder. A path-looking name is
+    never sent to the hub; anything else may be a hub name (offline, that fails after retries)."""
+    s, local = str(path), Path(path).exists()
+    missing = f"{s}: model folder does not exist: pass a local model folder or a hub name"
+    if not local and (Path(s).is_absolute() or s.startswith((".", "~")) or s.count("/") > 1):
+        raise FileNotFoundError(missing)
+    try:
+        return loader.from_pretrained(s, **kw)
+    except OSError as e:
+        if local:
+            raise
+        raise FileNotFoundError(f"{missing} (hub: {str(e).splitlines()[0]})") from None
 
 
 def load_tokenizer(path: str | Path) -> Any:
     """The model's tokenizer; it must carry a chat template (tools are rendered by it, §5)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(_check_model_path(path))
+    tok = _pretrained(AutoTokenizer, path)
     if not tok.chat_template:
         raise ValueError(f"{path}: tokenizer has no chat template: use an instruct/chat model folder "
                          "(or one written by make_tiny_model)")
@@ -1026,7 +1038,7 @@ def load_model(path: str | Path, dtype: Any = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(_check_model_path(path), dtype=dtype or torch.float32)
+    return _pretrained(AutoModelForCausalLM, path, dtype=dtype or torch.float32)
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -1049,15 +1061,17 @@ class SamplingConfig:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     max_tokens: int = 2048  # per assistant turn
-    seed: int | None = None  # prompt i of a batch uses seed + i, so a group's copies differ
+    seed: int | None = None  # reproducible batches; copies of one prompt still differ (vLLM: seed + i)
 
 
 class VLLMEngine:
     """vllm.LLM, in-process (the weights can be handed over without copies or IPC). On CPU it
-    needs eager mode and the uni executor; it starts in a few seconds on a tiny model."""
+    needs eager mode and the uni executor; it starts in a few seconds on a tiny model.
+    logprobs_mode="processed_logprobs": logprobs under the temperature/top-p distribution the
+    token was drawn from (the behaviour policy), as HFEngine returns them."""
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
-                 gpu_memory_utilization: float = 0.5, seed: int = 0):
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, **llm_kw: Any):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             import torch
@@ -1070,9 +1084,9 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
         self.tokenizer = load_tokenizer(model_path)
         kw: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else {}
-        self.llm = vllm.LLM(model=_check_model_path(model_path), dtype=dtype, max_model_len=max_model_len,
+        self.llm = vllm.LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
                             seed=seed, enforce_eager=not on_gpu, distributed_executor_backend="uni",
-                            logprobs_mode="processed_logprobs", **kw)
+                            logprobs_mode="processed_logprobs", **kw, **llm_kw)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         from vllm import SamplingParams, TokensPrompt
@@ -1087,7 +1101,7 @@ class VLLMEngine:
         for out in outs:
             c = out.outputs[0]
             ids = list(c.token_ids)
-            gens.append(Generation(ids, [lp[t].logprob for t, lp in zip(ids, c.logprobs)],
+            gens.append(Generation(ids, [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)],
                                    "stop" if c.finish_reason == "stop" else "length"))
         return gens
 
@@ -1120,7 +1134,8 @@ class HFEngine:
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
         attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         greedy = sampling.temperature == 0
-        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                       "top_k": 0}  # top_k=0: ignore a checkpoint's generation_config
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
@@ -1131,7 +1146,7 @@ class HFEngine:
         new = out.sequences[:, width:]
         logps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None])[..., 0]
         gens = []
-        for row, lp in zip(new.tolist(), logps.tolist()):
+        for row, lp in zip(new.tolist(), logps.tolist(), strict=True):
             n = row.index(eos) + 1 if eos in row else len(row)
             gens.append(Generation(row[:n], lp[:n], "stop" if eos in row else "length"))
         return gens
@@ -1148,6 +1163,256 @@ def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HF
     if kind not in engines:
         raise ValueError(f"unknown engine {kind!r}: use 'vllm' or 'hf'")
     return engines[kind](model_path, **kw)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# training (FSDP2, checkpoints)
+# ════════════════════════════════════════════════════════════════════════════
+# Shared by SFT (02) and GRPO (04): one process per GPU under torchrun, FSDP2 (fully_shard per
+# decoder block, then the root; DESIGN §9), the masked token log-prob forward both losses are
+# built on, resumable sharded checkpoints, and the plain HF folder every later stage loads.
+
+
+def init_distributed() -> tuple[int, int, Any]:
+    """(rank, world size, device). Starts the process group when torchrun set WORLD_SIZE > 1:
+    NCCL on GPUs, gloo on CPU (the CPU tests prove sharded == single-process training)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return rank, world, device
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def teardown_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(x: float) -> float:
+    """Sum of a number over all ranks (the number itself in a single process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return float(x)
+    t = torch.tensor([float(x)], dtype=torch.float64,
+                     device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def shard_model(model: Any, mixed_precision: bool = False) -> Any:
+    """FSDP2 in place: each decoder block is one all-gather unit; the root keeps embeddings, the
+    final norm and lm_head. mixed_precision: compute in bf16, reduce gradients in fp32, while the
+    sharded fp32 parameters stay the optimizer's master copy."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for block in model.model.layers:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def packing_supported(model: Any) -> bool:
+    """Whether rows packed into one sequence stay invisible to each other. Full attention: always
+    (restarting position_ids make transformers build a block-diagonal mask for sdpa/eager, or take
+    flash-attention's varlen path). Qwen3.5's linear-attention (Gated DeltaNet) layers learn row
+    boundaries only through flash-linear-attention's varlen kernel (cu_seqlens) and causal-conv1d's
+    seq_idx, both CUDA-only; their torch fallbacks silently run the recurrence and the convolution
+    across rows. So: pack unless the model has linear attention and those kernels are missing."""
+    import torch
+    from transformers.utils import import_utils as iu
+
+    if "linear_attention" not in (getattr(_text_config(model), "layer_types", None) or []):
+        return True
+    kernels = iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
+    return torch.cuda.is_available() and kernels
+
+
+def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: int | None = None) -> dict:
+    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}).
+
+    packed=False: one row per trace, right-padded to `width` (default: the longest); right padding
+    leaves the linear-attention scan over real tokens untouched. packed=True: all traces in ONE row
+    of `width` tokens, position ids restarting at 0 per trace, attention_mask None (so transformers
+    masks across traces), cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids,
+    attention_mask, loss_mask, logprobs (the traces' sampling logprobs), row (trace index per
+    token, -1 on padding), cu_seqlens, seq_idx, max_len (None unless packed)."""
+    import torch
+
+    lens = [len(t) for t in traces]
+    groups = [list(range(len(traces)))] if packed else [[i] for i in range(len(traces))]
+    width = width or max(sum(lens[i] for i in g) for g in groups)
+    ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(groups), width), dtype=torch.long)
+    mask = torch.zeros((len(groups), width), dtype=torch.long)
+    logp = torch.zeros((len(groups), width), dtype=torch.float32)
+    row = torch.full((len(groups), width), -1, dtype=torch.long)
+    for b, g in enumerate(groups):
+        at = 0
+        for i in g:
+            t, n = traces[i], lens[i]
+            if at + n > width:
+                raise ValueError(f"collate: traces need {at + n} tokens, more than width {width}")
+            ids[b, at:at + n] = torch.tensor(t.ids)
+            pos[b, at:at + n] = torch.arange(n)
+            mask[b, at:at + n] = torch.tensor(t.mask)
+            logp[b, at:at + n] = torch.tensor(t.logprobs, dtype=torch.float32)
+            row[b, at:at + n] = i
+            at += n
+    batch = {"input_ids": ids, "position_ids": pos, "attention_mask": None if packed else (row >= 0).long(),
+             "loss_mask": mask, "logprobs": logp, "row": row,
+             "cu_seqlens": None, "seq_idx": None, "max_len": None}
+    if packed:
+        # The padding tail counts as one more (untrained) sequence so varlen kernels cover the row.
+        bounds = [0, *itertools.accumulate(lens)] + ([width] if sum(lens) < width else [])
+        batch["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32)
+        batch["seq_idx"] = torch.where(row >= 0, row, len(traces)).int()
+        pos[0, sum(lens):] = torch.arange(width - sum(lens))
+        batch["max_len"] = max(b - a for a, b in itertools.pairwise(bounds))
+    return batch
+
+
+def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
+    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in
+    some row; 0 elsewhere (callers multiply by the mask). Differentiable.
+
+    The lm_head runs only at positions predicting a trained token (logits_to_keep takes an index
+    tensor): a 32k context with a 248k vocabulary would otherwise materialise tens of GB of logits.
+    The fp32 log-softmax runs chunk by chunk under activation checkpointing for the same reason."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    ids = batch["input_ids"]
+    keep = batch["loss_mask"][:, 1:].any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
+    kw: dict[str, Any] = {}
+    if batch.get("cu_seqlens") is not None:
+        cu, n = batch["cu_seqlens"], batch["max_len"]
+        kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
+        if "linear_attention" in (getattr(_text_config(model), "layer_types", None) or []):
+            kw["seq_idx"] = batch["seq_idx"]
+    logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep, use_cache=False, **kw).logits  # [B, K, V]
+    targets = ids[:, keep + 1]
+
+    def logp(lg: Any, tg: Any) -> Any:
+        lg = lg.float() / temperature
+        return lg.gather(-1, tg[..., None])[..., 0] - lg.logsumexp(-1)
+
+    parts = [checkpoint(logp, logits[:, s:s + chunk], targets[:, s:s + chunk], use_reentrant=False)
+             for s in range(0, max(len(keep), 1), chunk)]
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    return out.index_copy(1, keep + 1, torch.cat(parts, 1))
+
+
+def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -> None:
+    """Sharded model + optimizer state (torch.distributed.checkpoint: each rank writes its own
+    shards) and this rank's `extra` (step, scheduler, RNG, ...). Written to PATH.tmp and swapped in
+    only when complete, so a run killed mid-save resumes from the previous checkpoint."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(path)
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    if is_rank0():
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    torch.save(extra, tmp / f"extra_{int(os.environ.get('RANK', 0))}.pt")
+    barrier()
+    if is_rank0():
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier()
+
+
+def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None:
+    """Restore (in place) what save_checkpoint wrote; returns this rank's `extra`, or None when
+    there is no checkpoint. Resume with the same world size that saved it."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    if not (path / ".metadata").exists():
+        path = path.with_name(path.name + ".old")  # killed between the two renames
+        if not (path / ".metadata").exists():
+            return None
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return torch.load(path / f"extra_{int(os.environ.get('RANK', 0))}.pt", weights_only=False)
+
+
+def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None) -> Path:
+    """The plain HF folder later stages and vLLM load (config, safetensors, tokenizer + chat
+    template). Under FSDP the full state dict is gathered to rank 0's CPU; call on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    out = Path(out_dir)
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if is_rank0():
+        sd = {k: v.to(dtype) if dtype is not None else v for k, v in sd.items()}
+        model.save_pretrained(out, state_dict=sd)
+        tokenizer.save_pretrained(out)
+    barrier()
+    return out
+
+
+# Dense bf16 tensor-core peak per GPU (vendor datasheets, no sparsity).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "B200": 2250e12,
+                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12,
+                   "4090": 165e12}
+
+
+def peak_flops(device: Any) -> float | None:
+    """The device's bf16 peak FLOP/s, or None (CPU, unknown GPU: MFU is then not reported)."""
+    import torch
+
+    if getattr(device, "type", device) != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def flops_per_token(model: Any, seq_len: float) -> float:
+    """Training FLOPs per token: 6 × non-embedding parameters (forward + backward matmuls) plus
+    causal attention scores, 6 · heads · head_dim · seq_len per full-attention layer (the
+    PaLM/nanoGPT estimate; linear-attention layers count through their parameters only)."""
+    cfg = _text_config(model)
+    n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    types_ = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 6 * n + 6 * types_.count("full_attention") * cfg.num_attention_heads * head_dim * seq_len
 
 
 # ════════════════════════════════════════════════════════════════════════════
