@@ -1,0 +1,161 @@
+"""Stage 03 — collect failure states: the policy's own failed attempts, frozen as snapshots.
+
+The policy attempts every training task k times in one batched rollout (fresh container each).
+A failed attempt's container is committed to an image *before* the verifier touches it
+(Recovery-Bench does the same), and becomes a record in OUT/failures.jsonl: id, task, snapshot
+image, the attempt's messages and exact token ids, error category, policy. ReTerm-GRPO (stage 04)
+forks G recovery attempts from each. Successful attempts are only counted.
+
+Snapshot images are kept (label reterm.keep=1) until `--gc` finds no record referring to them;
+`--gc` also drops records whose image is gone. Every attempt is logged in OUT/attempts.jsonl,
+so a killed run resumes with the attempts it has not done.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import common as C
+
+
+@dataclasses.dataclass
+class Config:
+    """Run the policy on training tasks and keep every failed attempt as a forkable snapshot."""
+
+    tasks: str = "tasks"  # folder of Harbor training tasks
+    model: str | None = None  # policy model folder (required unless --gc)
+    out: str = "runs/failures"  # output folder: failures.jsonl, attempts.jsonl, summary.json, runs.txt
+    engine: str = "vllm"  # vllm | hf
+    attempts: int = 4  # k attempts per task
+    batch: int = 64  # attempts per batched rollout (a killed run loses at most one batch)
+    concurrency: int = 16  # containers stepped at once
+    max_turns: int = 50  # assistant turns per attempt
+    max_context: int = 32768  # tokens per attempt
+    max_tokens: int = 2048  # tokens per assistant turn
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling
+    command_timeout: float = 180.0  # seconds per bash call
+    timeout_multiplier: float = 1.0  # scales task.toml timeouts
+    seed: int = 0  # sampling seed
+    task_filter: str | None = None  # regex: only tasks whose name matches
+    policy: str | None = None  # policy identifier stored in records (default: the model folder)
+    gc: bool = False  # only garbage-collect: remove unreferenced snapshots and records whose image is gone
+
+
+def snapshot_exists(tag: str) -> bool:
+    try:
+        C.docker_client().images.get(tag)
+        return True
+    except Exception:
+        return False
+
+
+def gc(out: Path) -> tuple[int, int]:
+    """Remove kept snapshot images of this folder's runs that no record refers to, and records
+    whose image is gone. Scoped to runs.txt so other folders' failure states are never touched."""
+    path = out / "failures.jsonl"
+    records = C.read_jsonl(path)
+    alive = [r for r in records if snapshot_exists(r["snapshot"])]
+    if len(alive) < len(records):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in alive))
+        os.replace(tmp, path)
+    runs = set((out / "runs.txt").read_text().split()) if (out / "runs.txt").exists() else set()
+    referenced = {r["snapshot"] for r in alive}
+    removed = 0
+    for im in C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=1"]}):
+        if im.labels.get("reterm.run") in runs and not referenced & set(im.tags):
+            C.remove_image(im.id)
+            removed += 1
+    return removed, len(records) - len(alive)
+
+
+def summarize(attempts: list[dict], records: list[dict], n_tasks: int) -> dict:
+    by_cat = collections.Counter(a["category"] for a in attempts if a["reward"] < 1.0)
+    return {"n_tasks": n_tasks, "n_attempts": len(attempts),
+            "n_success": sum(a["reward"] >= 1.0 for a in attempts),
+            "n_failures": sum(a["reward"] < 1.0 for a in attempts), "n_records": len(records),
+            "pass_rate": sum(a["reward"] for a in attempts) / max(1, len(attempts)),
+            "by_category": dict(by_cat.most_common()),
+            "by_task": {t: {"attempts": len(v), "failures": sum(a["reward"] < 1.0 for a in v)}
+                        for t, v in sorted(_group(attempts).items())}}
+
+
+def _group(attempts: list[dict]) -> dict[str, list[dict]]:
+    by = collections.defaultdict(list)
+    for a in attempts:
+        by[a["task"]].append(a)
+    return by
+
+
+def collect(cfg: Config, engine: object | None = None) -> dict:
+    """Attempt every (task, k) not yet done; write a record per failure. `engine` may be passed
+    in (tests use a scripted one); by default it is built from --engine/--model."""
+    out = Path(cfg.out)
+    C.dump_config(cfg, out)
+    tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
+    fail_path, log_path = out / "failures.jsonl", out / "attempts.jsonl"
+    done = {(a["task"], a["attempt"]) for a in C.read_jsonl(log_path)}
+    todo = [(t, k) for t in tasks for k in range(cfg.attempts) if (t.name, k) not in done]
+    C.log0(f"{len(tasks)} tasks x {cfg.attempts} attempts: {len(done)} done, {len(todo)} to run")
+    policy = cfg.policy or str(Path(cfg.model).resolve() if Path(cfg.model).exists() else cfg.model)
+    with open(out / "runs.txt", "a") as f:  # which runs' kept snapshots --gc may remove
+        f.write(C.RUN_ID + "\n")
+    rcfg = C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context,
+                           command_timeout=cfg.command_timeout, timeout_multiplier=cfg.timeout_multiplier,
+                           concurrency=cfg.concurrency, sampling=C.SamplingConfig(
+                               temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
+                               seed=cfg.seed))
+    if todo and engine is None:
+        engine = C.make_engine(cfg.engine, cfg.model,
+                               **({"max_model_len": cfg.max_context} if cfg.engine == "vllm" else {}))
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), desc="collect")
+    with C.env_session():
+        for lo in range(0, len(todo), cfg.batch):
+            chunk = todo[lo: lo + cfg.batch]
+            # One batched rollout over the chunk; failed attempts keep their snapshot (keep=1).
+            episodes, stats = C.run_attempts([t for t, _ in chunk], engine, rcfg, snapshot="failed")
+            for (task, k), ep in zip(chunk, episodes, strict=True):
+                rid = None
+                if ep.reward < 1.0:
+                    state = C.FailureState.from_episode(ep, policy)
+                    rid = state.id
+                    C.append_jsonl(fail_path, dataclasses.asdict(state))
+                C.append_jsonl(log_path, {"task": task.name, "attempt": k, "reward": ep.reward,
+                                          "category": ep.category, "turns": ep.turns, "end": ep.end,
+                                          "failure": rid, "seconds": ep.seconds})
+            bar.update(len(chunk))
+            bar.set_postfix(gen_s=round(stats.get("gen_s", 0.0), 1), env_s=round(stats.get("env_s", 0.0), 1))
+    bar.close()
+    names = {t.name for t in tasks}
+    attempts = [a for a in C.read_jsonl(log_path) if a["task"] in names]
+    summary = summarize(attempts, C.read_jsonl(fail_path), len(tasks))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\n{'category':<24}{'failures':>9}")
+    for cat, n in summary["by_category"].items():
+        print(f"{cat:<24}{n:>9}")
+    print(f"{summary['n_attempts']} attempts, {summary['n_success']} succeeded (pass rate "
+          f"{summary['pass_rate']:.3f}), {summary['n_records']} failure states in {fail_path}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg = C.parse_config(Config, argv)
+    if cfg.gc:
+        removed, dropped = gc(Path(cfg.out))
+        print(f"gc: removed {removed} unreferenced snapshot images, "
+              f"dropped {dropped} records whose image is gone")
+        return {"removed_images": removed, "dropped_records": dropped}
+    if not cfg.model:
+        raise SystemExit("--model is required (the policy to collect failures from)")
+    return collect(cfg)
+
+
+if __name__ == "__main__":
+    main()
