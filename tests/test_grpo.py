@@ -1,0 +1,253 @@
+"""Stage 04: the GRPO math against hand-computed numbers, the forked-rollout mask, a learning
+test on a synthetic verifiable reward, and one end-to-end step with real forks that resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import math
+
+import pytest
+import torch
+
+import common as C
+
+G = importlib.import_module("04_reterm_grpo")
+
+
+# ── the math, by hand ──────────────────────────────────────────────────────
+
+
+def test_group_advantages_by_hand():
+    s3 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    half = torch.tensor([0.5, -0.5, -0.5, 0.5])
+    assert torch.allclose(G.group_advantages([1, 0, 0, 1]), half / (s3 + 1e-6))
+    # [1, 0, 0, 0]: mean 0.25, unbiased var (0.75² + 3·0.25²) / 3 = 0.25 -> std 0.5
+    assert torch.allclose(G.group_advantages([1, 0, 0, 0]), torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5)
+    dr = G.group_advantages([1, 0, 0, 0], use_std=False)
+    assert torch.allclose(dr, torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    assert torch.equal(G.group_advantages([1.0, 1.0, 1.0]), torch.zeros(3))  # all equal: no signal
+    two = G.group_advantages([[1, 0, 0, 0], [0.5, 0.5, 0.5, 0.5]])  # one group per row
+    assert torch.allclose(two[0], torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5) and not two[1].any()
+
+
+def test_uniform_groups_are_dropped_and_counted():
+    ep = lambda r: C.Episode(task=None, messages=[], trace=C.TokenTrace(), reward=r)
+    groups = [[ep(1), ep(1)], [ep(0), ep(1)], [ep(0), ep(0)], [ep(0.5), ep(0)]]
+    kept, dropped = G.drop_uniform_groups(groups)
+    assert dropped == 2 and kept == [groups[1], groups[3]]
+
+
+def test_clipped_policy_loss_by_hand():
+    ratios = torch.tensor([[1.5, 0.5, 1.0], [1.5, 0.5, 1.2]])
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.0, -2.0]])
+    logp = (old + ratios.log()).requires_grad_()
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss = G.clipped_policy_loss(logp, old, adv, mask)
+    # A=+1: 1.5 clips to 1.28 (upper side), 0.5 is not clipped (the min keeps 0.5), 1.0 -> 1.0
+    # A=-2: 1.5 is not clipped (min keeps -3), 0.5 clips to 0.8 (lower side: -1.6), 1.2 is masked
+    expect = (-1.28 - 0.5 - 1.0 + 3.0 + 1.6) / 5
+    assert loss.item() == pytest.approx(expect, abs=1e-6)
+    loss.backward()
+    # clipped tokens and the masked token get no gradient; others -A·ρ / Σmask
+    grad = torch.tensor([[0.0, -0.5 / 5, -1.0 / 5], [2 * 1.5 / 5, 0.0, 0.0]])
+    assert torch.allclose(logp.grad, grad, atol=1e-6)
+    # token-level normalisation: a masked token's value, however extreme, changes nothing
+    wild = logp.detach().clone()
+    wild[1, 2] = 30.0
+    assert G.clipped_policy_loss(wild, old, adv, mask).item() == pytest.approx(expect, abs=1e-6)
+    # per-token weights (the truncated IS weight) scale each token's term
+    w = torch.tensor([[2.0, 1.0, 1.0], [1.0, 0.5, 1.0]])
+    weighted = (-1.28 * 2 - 0.5 - 1.0 + 3.0 + 1.6 * 0.5) / 5
+    assert G.clipped_policy_loss(logp.detach(), old, adv, mask, weights=w).item() == pytest.approx(weighted)
+    # custom clip range: eps_high 0.6 lets 1.5 through for A>0
+    assert G.clipped_policy_loss(logp.detach(), old, adv, mask, 0.2, 0.6).item() == pytest.approx(
+        (-1.5 - 0.5 - 1.0 + 3.0 + 1.6) / 5)
+
+
+def test_k3_and_truncated_importance_weight():
+    lp = torch.tensor([-1.0, -2.0])
+    assert torch.allclose(G.k3_kl(lp, lp), torch.zeros(2))
+    assert G.k3_kl(torch.tensor([0.0]), torch.tensor([math.log(2)])).item() == pytest.approx(1 - math.log(2))
+    w = G.truncated_is_weight(torch.tensor([math.log(3), math.log(1.5)]), torch.zeros(2), cap=2.0)
+    assert torch.allclose(w, torch.tensor([2.0, 1.5]))
+
+
+def test_pool_sampling_prefers_unmastered_and_retires_mastered():
+    import random
+
+    hist = {"done": [1.0], "half": [0.5], "new": []}
+    rng = random.Random(0)
+    counts = {k: 0 for k in hist}
+    for _ in range(2000):
+        counts[G.sample_by_mastery(list(hist), hist, 1, 0.1, rng)[0]] += 1
+    assert counts["new"] > counts["half"] > counts["done"] > 0  # weights 1 : 0.5 : 0.1 (floor)
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--retire-after", "2", "--pool-max", "1"])
+    pool = {"states": {k: {"state": {"snapshot": f"reterm-none/{k}:x"}, "added": i} for i, k in
+                       enumerate(["a", "b", "c"])}, "hist": {"a": [1.0, 1.0], "b": [0.0], "c": [0.5]}}
+    assert G.pool_prune(pool, cfg) == ["a", "c"] and list(pool["states"]) == ["b"]
+
+
+# ── a learning test: GRPO on a synthetic verifiable reward ─────────────────
+
+
+def _bandit(model_dir, sign: float, steps: int = 6) -> list[float]:
+    """Reward 1 iff the first sampled token is in a fixed 10% of the vocabulary; train with the
+    stage's own advantages, loss and optimizer step; return P(reward) after each step."""
+    torch.manual_seed(0)
+    model = C.load_model(model_dir)
+    tok = C.load_tokenizer(model_dir)
+    prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
+    good = torch.randperm(len(tok), generator=torch.Generator().manual_seed(1))[: len(tok) // 10]
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--lr", "1e-2", "--updates", "2"])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+
+    def p_good() -> tuple[float, torch.Tensor]:
+        with torch.no_grad():
+            probs = model(torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
+        return probs[good].sum().item(), probs
+
+    hist = [p_good()[0]]
+    for _ in range(steps):
+        _, probs = p_good()
+        rows = []
+        for _g in range(4):
+            acts = torch.multinomial(probs, 16, replacement=True)
+            rewards = torch.isin(acts, good).float()
+            if rewards.min() == rewards.max():
+                continue
+            for a, adv in zip(acts.tolist(), G.group_advantages(rewards), strict=True):
+                trace = C.TokenTrace()
+                trace.add_context(prompt)
+                trace.add_sampled([a], [probs[a].log().item()], trained=True)
+                rows.append({"trace": trace, "adv": sign * adv.item()})
+        if rows:
+            stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
+            assert stats["train_tokens"] == len(rows) and 0 <= stats["clip_frac"] <= 1
+        hist.append(p_good()[0])
+    return hist
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return C.make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", arch="qwen3")
+
+
+def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
+    up = _bandit(tiny, +1.0)
+    down = _bandit(tiny, -1.0)
+    assert up[0] == pytest.approx(down[0])
+    assert up[-1] > 1.8 * up[0], up  # P(reward) 0.10 -> 0.26 here
+    assert down[-1] < 0.5 * down[0], down  # 0.10 -> 0.03
+
+
+# ── real Docker: forked-rollout masks, one end-to-end step ─────────────────
+
+
+class ScriptedEngine:
+    def __init__(self, tokenizer, script: list[str]):
+        self.tokenizer, self.script, self.turn = tokenizer, script, 0
+
+    def generate(self, prompts, sampling):
+        text = self.script[self.turn] if self.turn < len(self.script) else "Done."
+        self.turn += 1
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return [C.Generation(ids, [-0.5] * len(ids), "stop") for _ in prompts]
+
+
+def call(cmd: str) -> str:
+    return (f"<tool_call>\n<function=bash>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n"
+            "</tool_call>")
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_forked_rollout_mask_covers_only_the_recovery_attempts_sampled_tokens(make_task, tiny):
+    tok = C.load_tokenizer(tiny)
+    task = C.load_task(make_task("mask"))
+    rcfg = C.RolloutConfig(max_turns=2, max_context=8192, concurrency=4)
+    with C.env_session():
+        (ep,), _ = C.run_attempts([task], ScriptedEngine(tok, [call("echo no > /app/out.txt")] * 2), rcfg,
+                                  snapshot="failed")
+        state = C.FailureState.from_episode(ep)
+        eng = ScriptedEngine(tok, [call("echo ok > /app/out.txt"), "Fixed."])
+        groups, stats = C.run_recoveries([state], {task.name: task}, 2, eng, rcfg)
+        C.remove_image(ep.snapshot)
+    rows = G.group_rows([("fork", state.id, state.category, groups[0])], use_std=False)
+    batch = C.collate([r["trace"] for r in rows], tok.pad_token_id)
+    last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
+    pending = state.messages[last + 1:] + [C.recovery_message(task.instruction)]
+    start = len(state.ids) + len(C.delta_ids(tok, state.messages[: last + 1], pending))
+    for rec, row, m in zip(groups[0], rows, batch["loss_mask"], strict=True):
+        assert rec.reward == 1.0 and row["adv"] == 0.0
+        mask = rec.trace.mask
+        assert rec.trace.ids[: len(state.ids)] == state.ids
+        # the failed attempt, its late observations and the recovery message: context (0)
+        assert not any(mask[:start]) and mask[start] == 1
+        assert m[: len(mask)].tolist() == mask and not m[len(mask):].any()
+        # exactly the tokens the engine sampled in this attempt, none of the observations
+        sampled = [i for i, lp in enumerate(rec.trace.logprobs) if lp != 0.0]
+        assert [i for i, v in enumerate(mask) if v] == sampled
+    assert sum(sum(r["trace"].mask) for r in rows) == stats["gen_tokens"]
+
+
+def _has_containers() -> bool:
+    mine = {"label": [C.LABEL, f"reterm.run={C.RUN_ID}"]}
+    return bool(C.docker_client().containers.list(all=True, filters=mine))
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_task, tiny, tmp_path, capsys):
+    coin = "mkdir -p /logs/verifier; echo $((RANDOM % 2)) > /logs/verifier/reward.txt\n"
+    task = C.load_task(make_task("coin", test=coin))  # a verifier that mixes rewards inside a group
+    engine_kind = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    kw = {"max_model_len": 2048} if engine_kind == "vllm" else {}
+    rcfg = C.RolloutConfig(max_turns=2, max_context=2048, concurrency=4,
+                           sampling=C.SamplingConfig(max_tokens=16, seed=0))
+    with C.env_session():
+        engine = C.make_engine(engine_kind, tiny, dtype="float32", **kw)
+        states = []
+        for _ in range(4):
+            eps, _ = C.run_attempts([task] * 3, engine, rcfg, snapshot="failed")
+            states += [C.FailureState.from_episode(e, "tiny") for e in eps if e.snapshot]
+            if states:
+                break
+        del engine
+    assert states and all(s.ids for s in states)
+    for s in states:
+        C.append_jsonl(tmp_path / "failures.jsonl", dataclasses.asdict(s) | {"extra_key": 1})
+    try:
+        _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys)
+    finally:  # stage 03's own snapshots were re-tagged by the pool, never removed by it
+        for s in states:
+            C.remove_image(s.snapshot)
+
+
+def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
+    out = tmp_path / "grpo"
+    args = ["--failures", str(tmp_path / "failures.jsonl"), "--model", str(tiny), "--out", str(out),
+            "--tasks", str(task.path.parent), "--batch-states", "2", "--group-size", "4",
+            "--fresh-frac", "0.5",
+            "--max-tokens", "16", "--max-turns", "2", "--max-context", "2048", "--engine", engine_kind,
+            "--dtype", "float32", "--lr", "1e-4", "--concurrency", "8", "--save-every", "1"]
+    G.main(args + ["--steps", "1", "--keep-pool"])
+    rows = C.read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1] and (out / "ckpt" / ".metadata").exists()
+    r = rows[0]
+    assert r["groups"] == 2 and r["recovery"] is not None and r["fresh_pass"] is not None
+    assert {"reward", "recovery_by_category", "groups_dropped", "pool", "rollout_s", "train_s",
+            "tokens_per_s", "env_steps"} <= set(r)
+    if r["groups_dropped"] < r["groups"]:
+        assert r["train_tokens"] > 0 and {"clip_frac", "approx_kl", "entropy"} <= set(r)
+    assert not _has_containers()
+    G.main(args + ["--steps", "2"])
+    assert "resumed after step 1" in capsys.readouterr().out
+    assert [r["step"] for r in C.read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    assert (out / "final" / "config.json").exists() and C.load_model(out / "final") is not None
+    assert not _has_containers()
+    client = C.docker_client()
+    mine = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
+    assert not [t for im in client.images.list() for t in im.tags if t.startswith(mine)]  # pool tags gone
+    for s in states:
+        client.images.get(s.snapshot)  # still there
