@@ -1,0 +1,354 @@
+"""Stage 02 — SFT cold start on ReTerm-10K recovery demonstrations (DESIGN §1, §5, §9).
+
+Each row is a failed first attempt (context) followed by the successful recovery attempt; the
+loss covers only the recovery attempt's assistant tokens, tokenised by the same function the RL
+rollout uses, so SFT and GRPO see identical tokens. The loop is hand-written: AdamW, warmup +
+cosine, gradient accumulation, clipping, bf16 on GPU, FSDP2 under torchrun, exact resume.
+
+    python 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
+    torchrun --nproc_per_node 8 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
+
+Batching rule (automatic, --batching auto): rows are packed best-fit into one sequence of
+--micro-batch-tokens tokens when every layer can keep packed rows apart (common.packing_supported:
+full attention always; Qwen3.5's linear attention only with the CUDA varlen kernels), otherwise
+rows of similar length are padded together into micro-batches of the same token budget.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import math
+import multiprocessing
+import random
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import common as C
+
+
+@dataclasses.dataclass
+class Config:
+    """SFT cold start (ReTerm stage 02). Defaults are the paper-scale run (8 GPUs)."""
+
+    data: str  # ReTerm-10K-schema JSONL (id, task_id, messages, train_from_message_index, ...)
+    model: str = "Qwen/Qwen3.5-9B"  # base model: local folder or hub name
+    out: str = "runs/sft"  # run folder: config.json, metrics.jsonl, ckpt/ (resumed from), final/
+    max_len: int = 32768  # tokens per row; longer rows lose context from the left, or are dropped
+    micro_batch_tokens: int = 32768  # token budget of one micro-batch (packed row, or rows x width)
+    batching: str = "auto"  # auto | pack | pad (auto packs when packed rows stay apart, see above)
+    grad_accum: int = 4  # micro-batches per rank per optimizer step
+    epochs: int = 3  # passes over the data (ignored when --max-steps is set)
+    max_steps: int = 0  # optimizer steps; 0 = as many as --epochs take
+    lr: float = 1e-5  # peak learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * this
+    warmup_steps: int = 30  # linear warmup from 0
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    adam_beta2: float = 0.95  # AdamW beta2 (beta1 0.9)
+    grad_clip: float = 1.0  # max global gradient norm
+    all_assistant: bool = False  # train on every assistant turn (ordinary trajectories), not just recovery
+    activation_checkpointing: bool = True  # recompute each block in backward (long contexts)
+    tokenize_workers: int = 8  # processes per rank tokenising rows (used for >= 32 rows per rank)
+    save_every: int = 100  # steps between resumable checkpoints (0: only at the end)
+    stop_after: int = 0  # end this invocation after N steps with a checkpoint (preemptible jobs); 0 = off
+    seed: int = 0  # data order and init RNG
+
+
+# ── data ────────────────────────────────────────────────────────────────────
+
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+def check_row(row: object, where: str, all_assistant: bool) -> None:
+    """ReTerm-10K schema (DESIGN §1); raises ValueError naming the row."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+    where = f"{where} (id={row.get('id')!r})"
+    msgs = row.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError(f"{where}: 'messages' must be a non-empty list")
+    for j, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ValueError(f"{where}: messages[{j}] needs a role in {sorted(ROLES)}")
+        content = m.get("content")
+        if not isinstance(content or "", str) or (content is None and m["role"] != "assistant"):
+            raise ValueError(f"{where}: messages[{j}] ({m['role']}) needs string content")
+        if not isinstance(m.get("tool_calls") or [], list):
+            raise ValueError(f"{where}: messages[{j}].tool_calls must be a list")
+    idx = row.get("train_from_message_index")
+    if idx is None and all_assistant:
+        return
+    if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+        raise ValueError(f"{where}: 'train_from_message_index' must be an integer >= 0, got {idx!r}")
+    if idx >= len(msgs):
+        raise ValueError(f"{where}: train_from_message_index {idx} is past the end ({len(msgs)} messages)")
+    if not any(m["role"] == "assistant" for m in msgs[idx:]):
+        raise ValueError(f"{where}: no assistant message at or after train_from_message_index {idx}")
+
+
+def load_rows(path: str, all_assistant: bool) -> list[dict]:
+    rows = C.read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path}: empty dataset (no rows)")
+    for i, row in enumerate(rows):
+        check_row(row, f"{path} row {i + 1}", all_assistant)
+    return rows
+
+
+def fit(trace: C.TokenTrace, max_len: int) -> C.TokenTrace | None:
+    """Keep the last max_len tokens when only context (mask 0) is cut; None when the trained span
+    alone is longer than max_len (the row is dropped)."""
+    if len(trace) <= max_len:
+        return trace
+    if len(trace) - trace.mask.index(1) > max_len:
+        return None
+    cut = len(trace) - max_len
+    return C.TokenTrace(trace.ids[cut:], trace.logprobs[cut:], trace.mask[cut:])
+
+
+_TOK = None  # the tokenizer, inherited by forked tokenising workers
+
+
+def tokenize_row(job: tuple) -> tuple:
+    """((ids int32, mask int8) or None when dropped, whether it was truncated) for one row."""
+    row, max_len, all_assistant = job
+    full = C.tokenize_messages(_TOK, row["messages"], row.get("train_from_message_index"),
+                               all_assistant=all_assistant)
+    t = fit(full, max_len)
+    if t is None:
+        return None, False
+    return (torch.tensor(t.ids, dtype=torch.int32), torch.tensor(t.mask, dtype=torch.int8)), t is not full
+
+
+def tokenize_rows(cfg: Config, tok, out: Path, rank: int, world: int) -> tuple[list[tuple], dict]:
+    """Every row as compact (ids, mask) tensors fitted to --max-len. Rendering chat-template deltas
+    costs O(turns^2) on long rows (seconds for a 200-message row), so each rank tokenises every
+    world-th row with a process pool, and the shards are cached in the run folder for resumes."""
+    global _TOK
+    if not Path(cfg.data).is_file():
+        raise FileNotFoundError(f"{cfg.data}: data file does not exist")
+    rows = load_rows(cfg.data, cfg.all_assistant)
+    key = hashlib.sha256(Path(cfg.data).read_bytes() + repr((tok.chat_template, len(tok), cfg.max_len,
+                                                              cfg.all_assistant)).encode()).hexdigest()
+    shard = out / f"tokens.{rank}-of-{world}.pt"
+    out.mkdir(parents=True, exist_ok=True)
+    if not (shard.exists() and torch.load(shard, weights_only=False)["key"] == key):
+        _TOK = tok
+        jobs = [(rows[i], cfg.max_len, cfg.all_assistant) for i in range(rank, len(rows), world)]
+        bar = {"desc": "tokenise", "total": len(jobs), "disable": rank != 0 or len(jobs) < 100}
+        workers = min(cfg.tokenize_workers, len(jobs) // 16)
+        if workers > 1:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                done = list(tqdm(pool.map(tokenize_row, jobs, chunksize=4), **bar))
+        else:
+            done = [tokenize_row(j) for j in tqdm(jobs, **bar)]
+        torch.save({"key": key, "done": done}, shard)
+    C.barrier()
+    parts = [torch.load(out / f"tokens.{r}-of-{world}.pt", weights_only=False)["done"] for r in range(world)]
+    done = [parts[i % world][i // world] for i in range(len(rows))]
+    traces = [t for t, _ in done if t is not None]
+    if not traces:
+        raise ValueError(f"{cfg.data}: every row was dropped (trained span > --max-len {cfg.max_len})")
+    stats = {"rows": len(rows), "truncated": sum(c for _, c in done), "dropped": len(rows) - len(traces)}
+    return traces, stats
+
+
+def as_trace(t: tuple) -> C.TokenTrace:
+    ids, mask = t
+    return C.TokenTrace(ids.tolist(), [0.0] * len(ids), mask.tolist())
+
+
+def best_fit(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
+    """Best-fit decreasing: rows, longest first (ties in `order`), each go into the open bin whose
+    free space they fill most tightly; a new bin when none fits."""
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
+    for i in sorted(order, key=lambda i: -lengths[i]):
+        k = bisect.bisect_left(free, (lengths[i], -1))
+        if k == len(free):
+            bins.append([i])
+            bisect.insort(free, (budget - lengths[i], len(bins) - 1))
+        else:
+            room, j = free.pop(k)
+            bins[j].append(i)
+            bisect.insort(free, (room - lengths[i], j))
+    return bins
+
+
+def length_buckets(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
+    """Rows sorted by length, cut into groups whose padded size (rows x longest) fits the budget."""
+    groups: list[list[int]] = [[]]
+    for i in sorted(order, key=lengths.__getitem__):
+        if groups[-1] and (len(groups[-1]) + 1) * lengths[i] > budget:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def epoch_plan(lengths: list[int], budget: int, packed: bool, seed: int, epoch: int) -> list[list[int]]:
+    """One epoch of micro-batches (lists of row indices) in a seeded random order."""
+    rng = random.Random(seed * 100_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    groups = (best_fit if packed else length_buckets)(lengths, budget, order)
+    rng.shuffle(groups)
+    return groups
+
+
+def padding_share(groups: list[list[int]], lengths: list[int], budget: int, packed: bool) -> float:
+    real = sum(lengths[i] for g in groups for i in g)
+    total = len(groups) * budget if packed else sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    return 1 - real / total
+
+
+def lr_lambda(cfg: Config, total: int):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        p = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
+    return f
+
+
+def sft_loss(model, batch: dict, n_tokens: float, world: int) -> tuple[torch.Tensor, float]:
+    """Sum of masked token NLLs / trained tokens of the whole global step. The ×world undoes
+    FSDP's averaging of gradients over ranks, so N ranks equal one process on the same batch."""
+    mask = batch["loss_mask"]
+    nll = -(C.token_logprobs(model, batch) * mask).sum()
+    return nll * world / n_tokens, nll.item()
+
+
+# ── main ────────────────────────────────────────────────────────────────────
+
+
+def main(argv: list[str] | None = None) -> Path:
+    cfg = C.parse_config(Config, argv)
+    rank, world, device = C.init_distributed()
+    out = Path(cfg.out)
+    if cfg.micro_batch_tokens < cfg.max_len:
+        raise ValueError(f"--micro-batch-tokens {cfg.micro_batch_tokens} must be >= --max-len {cfg.max_len}")
+    tok = C.load_tokenizer(cfg.model)  # FileNotFoundError naming a missing model path
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        C.dump_config(cfg, out)
+    C.barrier()
+    traces, stats = tokenize_rows(cfg, tok, out, rank, world)
+    lengths = [len(ids) for ids, _ in traces]
+
+    torch.manual_seed(cfg.seed)
+    model = C.load_model(cfg.model)
+    model.config.use_cache = False
+    packed = {"pack": True, "pad": False}.get(cfg.batching, None)
+    if packed is None:
+        packed = C.packing_supported(model)
+    elif packed and not C.packing_supported(model):
+        raise ValueError("--batching pack: this model's linear-attention layers can't keep packed rows apart "
+                         "without the CUDA varlen kernels (flash-linear-attention, causal-conv1d); use pad")
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    flops_tok = C.flops_per_token(model, sum(lengths) / len(lengths))
+    if world > 1:
+        C.shard_model(model, mixed_precision=device.type == "cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay)
+
+    # The plan: a flat list of micro-batches over epochs; step s takes world x grad_accum of them
+    # and rank r every world-th, so the global batch of a step doesn't depend on the world size.
+    per_step = world * cfg.grad_accum
+    first = epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, 0)
+    total = cfg.max_steps or max(1, cfg.epochs * len(first) // per_step)
+    plan, epoch = list(first), 0
+    while len(plan) < total * per_step:
+        epoch += 1
+        plan += epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total))
+
+    step = 0
+    extra = C.load_checkpoint(out / "ckpt", model, optimizer)
+    if extra is not None:
+        if (extra["world"], extra["grad_accum"]) != (world, cfg.grad_accum):
+            raise ValueError(f"{out / 'ckpt'}: saved with world x grad_accum {extra['world']} x "
+                             f"{extra['grad_accum']}; resume with the same")
+        step = extra["step"]
+        scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["py_rng"])
+        C.log0(f"resumed from {out / 'ckpt'} at step {step}")
+
+    def save() -> None:
+        C.save_checkpoint(out / "ckpt", model, optimizer, {
+            "step": step, "world": world, "grad_accum": cfg.grad_accum, "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()})
+
+    C.log0(f"{stats['rows']} rows -> {len(traces)} trained ({stats['truncated']} truncated from the left, "
+           f"{stats['dropped']} dropped: trained span > {cfg.max_len}); "
+           f"{'packed best-fit' if packed else 'length-bucketed padding'} into "
+           f"{cfg.micro_batch_tokens}-token "
+           f"micro-batches, padding {padding_share(first, lengths, cfg.micro_batch_tokens, packed):.1%}; "
+           f"{total} steps x {per_step} micro-batches on {world} x {device.type}")
+    peak = C.peak_flops(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    model.train()
+    start = step
+    bar = tqdm(total=total, initial=step, disable=rank != 0, desc="sft", file=sys.stdout)
+    while step < total:
+        t0 = time.perf_counter()
+        groups = plan[step * per_step + rank:(step + 1) * per_step:world]
+        batches = [C.collate([as_trace(traces[i]) for i in g], tok.pad_token_id, packed,
+                             width=cfg.micro_batch_tokens if packed else None) for g in groups]
+        n_tokens = C.all_reduce_sum(sum(b["loss_mask"].sum().item() for b in batches))
+        nll = 0.0
+        for k, b in enumerate(batches):
+            if world > 1:  # reduce-scatter gradients once per step, not per micro-batch
+                model.set_requires_gradient_sync(k == len(batches) - 1)
+            b = {key: v.to(device) if torch.is_tensor(v) else v for key, v in b.items()}
+            with autocast:
+                loss, part = sft_loss(model, b, n_tokens, world)
+            loss.backward()
+            nll += part
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        seen = C.all_reduce_sum(sum(lengths[i] for g in groups for i in g))  # real (non-pad) tokens
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        row = {"step": step, "loss": C.all_reduce_sum(nll) / n_tokens, "lr": lr,
+               "grad_norm": grad_norm.item(),
+               "tokens": seen, "trained_tokens": n_tokens, "tokens_per_s": seen / dt, "seconds": dt,
+               "mfu": flops_tok * seen / dt / (peak * world) if peak else None,
+               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+        if rank == 0:
+            C.append_jsonl(out / "metrics.jsonl", row)
+            mfu = f" | mfu {row['mfu']:.1%}" if peak else ""
+            bar.write(f"step {step}/{total} | loss {row['loss']:.4f} | lr {lr:.2e} | grad-norm "
+                      f"{row['grad_norm']:.3f} | tok/s {row['tokens_per_s']:,.0f}{mfu}")
+            bar.update(1)
+        stop = cfg.stop_after and step - start >= cfg.stop_after and step < total
+        if (cfg.save_every and step % cfg.save_every == 0) or step == total or stop:
+            save()
+        if stop:
+            C.log0(f"stopping after {cfg.stop_after} steps; rerun with the same --out to resume")
+            C.teardown_distributed()
+            return out / "ckpt"
+    bar.close()
+    final = C.export_hf(model, tok, out / "final", dtype=torch.bfloat16 if device.type == "cuda" else None)
+    C.log0(f"saved {final}")
+    C.teardown_distributed()
+    return final
+
+
+if __name__ == "__main__":
+    main()

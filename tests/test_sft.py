@@ -1,0 +1,277 @@
+"""Stage 02 (SFT): exact loss masks, learning, sharded == single process, exact resume, a final
+folder that transformers and vLLM load, clear errors on bad input. Tiny models, CPU, ~2 min."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import common as C
+
+ROOT = Path(__file__).resolve().parents[1]
+sft = importlib.import_module("02_sft")
+INSTRUCTION = "Write ok to /app/out.txt."
+
+
+def call(cmd: str) -> list[dict]:
+    return [{"type": "function", "function": {"name": "bash", "arguments": {"command": cmd}}}]
+
+
+def make_row(i: int, fail=("ls", "cat out.txt"), fix=("echo ok > /app/out.txt",)) -> dict:
+    """The shape stage 01 writes: failed attempt, recovery message, recovery attempt."""
+    msgs = C.initial_messages(INSTRUCTION)
+    for k, cmd in enumerate(fail):
+        msgs += [{"role": "assistant", "content": f"Step {k}: run {cmd}.", "tool_calls": call(cmd)},
+                 {"role": "tool", "content": f"[exit code {k % 2}]\nno such file {i}"}]
+    msgs.append({"role": "assistant", "content": "I could not finish."})
+    idx = len(msgs)
+    msgs.append(C.recovery_message(INSTRUCTION))
+    for cmd in fix:
+        msgs += [{"role": "assistant", "content": f"Repair {i}: {cmd}", "tool_calls": call(cmd)},
+                 {"role": "tool", "content": "[exit code 0]"}]
+    msgs.append({"role": "assistant", "content": f"Fixed it (row {i})."})
+    return {"id": f"row-{i}", "task_id": "write-ok", "messages": msgs, "train_from_message_index": idx,
+            "target_attempt_index": 2, "trajectory_sha256": f"{i:064x}"}
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("models")
+    return {a: C.make_tiny_model(d / a, arch=a) for a in ("qwen3_5", "qwen3")}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    rows = [make_row(i, fix=["echo ok > /app/out.txt", "cat /app/out.txt"][: 1 + i % 2]) for i in range(4)]
+    return write_rows(tmp_path_factory.mktemp("data") / "rows.jsonl", rows)
+
+
+# ~600-token rows, one per micro-batch: a step costs a fraction of a second on 2 cores.
+TINY = ["--max-len", "768", "--micro-batch-tokens", "768", "--lr", "3e-3", "--warmup-steps", "2",
+        "--grad-accum", "1", "--no-activation-checkpointing", "--save-every", "0"]
+
+
+def run(data: Path, model: Path, out: Path, *flags: str) -> Path:
+    return sft.main(["--data", str(data), "--model", str(model), "--out", str(out), *TINY, *flags])
+
+
+def losses(out: Path) -> list[float]:
+    return [r["loss"] for r in C.read_jsonl(out / "metrics.jsonl")]
+
+
+# ── masks ───────────────────────────────────────────────────────────────────
+
+
+def test_loss_mask_is_exactly_the_recovery_attempts_assistant_tokens(models):
+    tok = C.load_tokenizer(models["qwen3_5"])
+    row = make_row(0, fix=["echo ok > /app/out.txt", "cat /app/out.txt"])
+    msgs, idx = row["messages"], row["train_from_message_index"]
+    trace = C.tokenize_messages(tok, msgs, idx)
+    assert trace.ids == C.render_ids(tok, msgs, add_generation_prompt=False)[: len(trace)]
+
+    def segments(mask):  # contiguous runs of 1s, as (start, end)
+        runs, start = [], None
+        for p, m in enumerate([*mask, 0]):
+            if m and start is None:
+                start = p
+            if not m and start is not None:
+                runs.append((start, p))
+                start = None
+        return runs
+
+    def turn_text(m):  # what the model samples for assistant message m, by hand
+        body = "".join("\n\n<tool_call>\n<function=bash>\n<parameter=command>\n"
+                       f"{c['function']['arguments']['command']}\n</parameter>\n</function>\n</tool_call>"
+                       for c in m.get("tool_calls", []))
+        return m["content"] + body + "<|im_end|>"
+
+    recovery = [m for m in msgs[idx:] if m["role"] == "assistant"]
+    runs = segments(trace.mask)
+    assert [tok.decode(trace.ids[a:b]) for a, b in runs] == [turn_text(m) for m in recovery]
+    # token by token: the trained ids are exactly the canonical assistant tokens, in order
+    want = [t for i, m in enumerate(msgs) if i >= idx and m["role"] == "assistant"
+            for t in C.assistant_turn_ids(tok, msgs[:i], m)]
+    assert [trace.ids[p] for p in range(len(trace)) if trace.mask[p]] == want
+    # the failed attempt's assistant turns, the recovery message and tool outputs carry no loss
+    before = tok.decode([t for t, m in zip(trace.ids, trace.mask, strict=True) if not m])
+    assert "Step 0: run ls." in before and "Your previous attempt" in before and "[exit code 0]" in before
+    every = segments(C.tokenize_messages(tok, msgs, idx, all_assistant=True).mask)
+    assert len(every) == sum(m["role"] == "assistant" for m in msgs) > len(runs)
+    # and the loss only sees those positions
+    batch = C.collate([trace], tok.pad_token_id)
+    lp = C.token_logprobs(C.load_model(models["qwen3_5"]), batch)
+    assert torch.equal(lp != 0, batch["loss_mask"].bool())
+
+
+def test_truncation_and_drop():
+    t = C.TokenTrace([1] * 6 + [2] * 4, [0.0] * 10, [0] * 6 + [1] * 4)
+    assert sft.fit(t, 10) is t
+    short = sft.fit(t, 5)
+    assert short.ids == [1, 2, 2, 2, 2] and short.mask == [0, 1, 1, 1, 1]
+    assert sft.fit(t, 3) is None
+
+
+def test_tokenising_with_workers_matches_serial(models, tmp_path):
+    rows = [make_row(i, fail=["ls"] * (1 + i % 3)) for i in range(32)]
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    tok = C.load_tokenizer(models["qwen3"])
+    cfg = sft.Config(data=str(path), max_len=600)  # a few rows lose context from the left
+    serial, stats = sft.tokenize_rows(dataclasses.replace(cfg, tokenize_workers=1), tok, tmp_path / "s", 0, 1)
+    pooled, stats2 = sft.tokenize_rows(cfg, tok, tmp_path / "p", 0, 1)  # 2 forked workers
+    assert stats == stats2 and stats["truncated"] > 0 and stats["rows"] == 32
+    pairs = list(zip(serial, pooled, strict=True))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in pairs)
+    full = C.tokenize_messages(tok, rows[0]["messages"], rows[0]["train_from_message_index"])
+    assert serial[0][0].tolist() == full.ids and serial[0][1].tolist() == full.mask
+
+
+def test_best_fit_packing_and_buckets():
+    lengths = [9, 7, 5, 4, 3, 2, 2]
+    bins = sft.best_fit(lengths, 10, list(range(7)))
+    assert sorted(i for b in bins for i in b) == list(range(7))
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins) and len(bins) == 4  # 32 tokens
+    groups = sft.length_buckets(lengths, 10, list(range(7)))
+    assert all(len(g) * max(lengths[i] for i in g) <= 10 for g in groups)
+
+
+# ── training ────────────────────────────────────────────────────────────────
+
+
+def test_packed_rows_see_only_themselves(models):
+    """Packed == one row at a time for full attention; Qwen3.5's torch linear attention leaks across
+    packed rows, which is why it is padded on CPU."""
+    traces = [C.TokenTrace(list(range(10 + n, 10 + 2 * n)), [0.0] * n, [0, 0] + [1] * (n - 2))
+              for n in (7, 12, 5)]
+    for arch, exact in (("qwen3", True), ("qwen3_5", False)):
+        model = C.load_model(models[arch])
+        assert C.packing_supported(model) is exact
+        packed = C.token_logprobs(model, C.collate(traces, 0, packed=True, width=30))[0]
+        alone = torch.cat([C.token_logprobs(model, C.collate([t], 0))[0] for t in traces])
+        assert torch.allclose(packed[:24], alone, atol=1e-5) is exact
+        padded = C.token_logprobs(model, C.collate(traces, 0))
+        assert torch.allclose(padded[1, :12], alone[7:19], atol=1e-5)
+
+
+def test_loss_falls(models, data, tmp_path):
+    out = tmp_path / "run"
+    run(data, models["qwen3_5"], out, "--max-steps", "20", "--lr", "1e-2", "--activation-checkpointing")
+    ls = losses(out)
+    assert len(ls) == 20 and sum(ls[-3:]) / 3 < 0.5 * sum(ls[:3]) / 3, ls
+
+
+def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_path):
+    out = tmp_path / "cli"
+    subprocess.run([sys.executable, "02_sft.py", "--data", str(data), "--model", str(models["qwen3_5"]),
+                    "--out", str(out), "--max-steps", "2", *TINY], cwd=ROOT, check=True, timeout=300)
+    final = out / "final"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in final.iterdir()}
+    tok = C.load_tokenizer(final)
+    prompt = C.render_ids(tok, C.initial_messages(INSTRUCTION), add_generation_prompt=True)
+    (gen,) = C.HFEngine(final).generate([prompt], C.SamplingConfig(temperature=0, max_tokens=8))
+    assert len(gen.ids) >= 1
+    assert torch.equal(C.load_model(final).model.embed_tokens.weight,
+                       load_file(final / "model.safetensors")["model.embed_tokens.weight"])
+
+
+def test_multimodal_qwen3_5_layout_trains_as_text_lm(data, tmp_path):
+    """The released Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration (vision tower, weights
+    under model.language_model.*): SFT loads the text LM from them and saves a text-only folder."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    tok = C.make_tiny_tokenizer()
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=32, num_hidden_layers=2, tie_word_embeddings=False,
+                layer_types=["linear_attention", "full_attention"], linear_key_head_dim=128,
+                linear_value_head_dim=128, linear_num_key_heads=1, linear_num_value_heads=1)
+    vision = dict(depth=1, hidden_size=32, num_heads=1, intermediate_size=64, out_hidden_size=64)
+    mm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
+                                                       tie_word_embeddings=False))
+    mm.save_pretrained(tmp_path / "mm")
+    tok.save_pretrained(tmp_path / "mm")
+    final = run(data, tmp_path / "mm", tmp_path / "run", "--max-steps", "1", "--lr", "0")
+    assert json.loads((final / "config.json").read_text())["architectures"] == ["Qwen3_5ForCausalLM"]
+    want = mm.model.language_model.embed_tokens.weight  # --lr 0: the weights come back unchanged
+    assert torch.equal(C.load_model(final).model.embed_tokens.weight, want)
+
+
+def test_resume_is_exact(models, data, tmp_path):
+    # Qwen3 packs (auto): two rows per 1536-token micro-batch.
+    flags = ["--max-steps", "5", "--micro-batch-tokens", "1536", "--save-every", "2"]
+    run(data, models["qwen3"], tmp_path / "a", *flags)
+    run(data, models["qwen3"], tmp_path / "b", *flags, "--stop-after", "3")
+    assert not (tmp_path / "b" / "final").exists() and len(losses(tmp_path / "b")) == 3
+    run(data, models["qwen3"], tmp_path / "b", *flags)
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    wa, wb = (load_file(tmp_path / r / "final" / "model.safetensors") for r in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_torchrun_two_processes_equal_one(models, data, tmp_path):
+    flags = ["--max-steps", "3", "--lr", "1e-3"]
+    run(data, models["qwen3_5"], tmp_path / "one", *flags, "--grad-accum", "2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "02_sft.py",
+                    "--data", str(data), "--model", str(models["qwen3_5"]), "--out", str(tmp_path / "two"),
+                    *TINY, *flags, "--grad-accum", "1"], cwd=ROOT, env=env, check=True, timeout=300)
+    assert losses(tmp_path / "one") == pytest.approx(losses(tmp_path / "two"), rel=1e-4)
+    w1, w2 = (load_file(tmp_path / r / "final" / "model.safetensors") for r in ("one", "two"))
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
+
+
+# ── bad input ───────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda r: r.pop("messages"), "row 2 (id='row-1'): 'messages' must be a non-empty list"),
+    (lambda r: r["messages"][3].update(role="robot"), "row 2 (id='row-1'): messages[3] needs a role"),
+    (lambda r: r.update(train_from_message_index="7"), "row 2 (id='row-1'): 'train_from_message_index' must"),
+    (lambda r: r.update(train_from_message_index=99), "row 2 (id='row-1'): train_from_message_index 99 is "
+                                                      "past the end"),
+    (lambda r: r.update(messages=r["messages"][:-1] + [{"role": "user", "content": "hi"}],
+                        train_from_message_index=len(r["messages"]) - 1), "row 2 (id='row-1'): no assistant"),
+])
+def test_bad_rows_are_named(models, tmp_path, mutate, message):
+    rows = [make_row(0), make_row(1)]
+    mutate(rows[1])
+    path = write_rows(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        run(path, models["qwen3"], tmp_path / "out", "--max-steps", "1")
+
+
+def test_empty_dataset_and_missing_paths(models, tmp_path):
+    empty = write_rows(tmp_path / "empty.jsonl", [])
+    with pytest.raises(ValueError, match=f"{empty}: empty dataset"):
+        run(empty, models["qwen3"], tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nope.jsonl: data file does not exist"):
+        run(tmp_path / "nope.jsonl", models["qwen3"], tmp_path / "out")
+    data = write_rows(tmp_path / "ok.jsonl", [make_row(0)])
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}/no-model: model folder does not exist"):
+        run(data, tmp_path / "no-model", tmp_path / "out")
+
+
+# ── vLLM (last: it is the slowest import) ───────────────────────────────────
+
+
+def test_final_folder_loads_in_vllm_and_generates(models, data, tmp_path):
+    pytest.importorskip("vllm")
+    # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes (DESIGN §6): use Qwen3.
+    final = run(data, models["qwen3"], tmp_path / "run", "--max-steps", "2")
+    engine = C.VLLMEngine(final, dtype="float32", max_model_len=1024)
+    prompt = C.render_ids(engine.tokenizer, C.initial_messages(INSTRUCTION), add_generation_prompt=True)
+    (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=0, max_tokens=8))
+    assert 1 <= len(gen.ids) <= 8 and len(gen.logprobs) == len(gen.ids)
