@@ -26,13 +26,13 @@ import tarfile
 import threading
 import time
 import tomllib
-import types
 import typing
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 LABEL = "reterm"  # every container and snapshot image we create carries this label key
@@ -1594,7 +1594,7 @@ def rollout(envs: list[Env], episodes: list[Episode], engine: Any, cfg: RolloutC
             stats["gen_tokens"] += sum(len(g.ids) for g in gens)
             t = time.monotonic()
             jobs = [pool.submit(_act, episodes[i], envs[i], g, tok, cfg, t0[id(episodes[i])])
-                    for i, g in zip(fits, gens)]
+                    for i, g in zip(fits, gens, strict=True)]
             for j in jobs:
                 j.result()
             stats["env_s"] += time.monotonic() - t
@@ -1619,6 +1619,20 @@ def rollout(envs: list[Env], episodes: list[Episode], engine: Any, cfg: RolloutC
     return stats
 
 
+def _finish(pair: tuple[Episode, Env], snapshot: str, cfg: RolloutConfig) -> None:
+    """Snapshot (before the verifier touches anything), verify, classify a failure."""
+    ep, env = pair
+    if snapshot != "none":
+        ep.snapshot = env.snapshot(keep=snapshot == "failed")
+    v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
+    ep.reward, ep.verify_error = v.reward, v.error
+    if ep.reward < 1.0:
+        ep.category = classify_failure(ep)
+    elif snapshot == "failed" and ep.snapshot:
+        remove_image(ep.snapshot)
+        ep.snapshot = None
+
+
 def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
                  snapshot: str = "none", allow_internet: bool = False) -> dict:
     """Start a container per episode (a task image or a snapshot to fork), roll out, snapshot
@@ -1636,24 +1650,13 @@ def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any,
                 if isinstance(env, Exception):
                     raise env
                 started[i] = env
-            ordered = [started[i] for i in chunk]
-            part = rollout(ordered, [episodes[i] for i in chunk], engine, cfg)
+            part = rollout([started[i] for i in chunk], [episodes[i] for i in chunk], engine, cfg)
             for k, v in part.items():
                 stats[k] = stats.get(k, 0) + v
 
-            def finish(j: int) -> None:
-                ep, env = episodes[chunk[j]], ordered[j]
-                if snapshot != "none":
-                    ep.snapshot = env.snapshot(keep=snapshot == "failed")
-                v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
-                ep.reward, ep.verify_error = v.reward, v.error
-                if ep.reward < 1.0:
-                    ep.category = classify_failure(ep)
-                elif snapshot == "failed" and ep.snapshot:
-                    remove_image(ep.snapshot)
-                    ep.snapshot = None
-
-            for _, err in run_concurrently(finish, list(range(len(chunk))), len(chunk)):
+            pairs = [(episodes[i], started[i]) for i in chunk]
+            for _, err in run_concurrently(functools.partial(_finish, snapshot=snapshot, cfg=cfg),
+                                           pairs, len(pairs)):
                 if isinstance(err, Exception):
                     raise err
         finally:

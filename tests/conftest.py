@@ -55,7 +55,8 @@ def write_task(root: Path, name: str, *, solve: str = "echo ok > /app/out.txt",
     (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\nset -e\n{solve}\n")
     (d / "tests" / "test.sh").write_text(test if test is not None else textwrap.dedent("""\
         mkdir -p /logs/verifier
-        if [ "$(cat /app/out.txt 2>/dev/null)" = ok ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+        r=0; [ "$(cat /app/out.txt 2>/dev/null)" = ok ] && r=1
+        echo $r > /logs/verifier/reward.txt
         """))
     return d
 

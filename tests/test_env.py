@@ -3,7 +3,6 @@ verification and cleanup."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -109,7 +108,8 @@ def test_verify_rewards_and_errors(make_task):
         with C.start_env(t) as e:
             v = e.verify()
             assert v.reward == 0.0 and err in v.error, (name, v)
-    t = C.load_task(make_task("json", test="mkdir -p /logs/verifier; echo '{\"reward\": 0.5}' > /logs/verifier/reward.json"))
+    script = "mkdir -p /logs/verifier; echo '{\"reward\": 0.5}' > /logs/verifier/reward.json"
+    t = C.load_task(make_task("json", test=script))
     with C.start_env(t) as e:
         assert e.verify() == C.Verdict(0.5, None, "")
 

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.usefixtures("docker_ready")
 
 
 def call(cmd: str) -> str:
-    return f"Running it.\n\n<tool_call>\n<function=bash>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n</tool_call>"
+    return ("Running it.\n\n<tool_call>\n<function=bash>\n<parameter=command>\n"
+            f"{cmd}\n</parameter>\n</function>\n</tool_call>")
 
 
 class ScriptedEngine:

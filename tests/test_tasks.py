@@ -51,7 +51,8 @@ allow_internet = true
     assert t.extra == {"weird_top": 1, "metadata": {"author_email": "x@y"}}
     d2 = make_task("bare", toml="")
     t2 = C.load_task(d2)
-    assert (t2.category, t2.memory_mb, t2.agent_timeout_sec, t2.workdir) == ("uncategorized", 2048, 600.0, None)
+    got = (t2.category, t2.memory_mb, t2.agent_timeout_sec, t2.workdir)
+    assert got == ("uncategorized", 2048, 600.0, None)
     d3 = make_task("mb", toml="[environment]\nmemory_mb = 4096\n")
     assert C.load_task(d3).memory_mb == 4096
 
@@ -60,7 +61,7 @@ allow_internet = true
     (lambda d: (d / "instruction.md").unlink(), "instruction.md: missing"),
     (lambda d: (d / "instruction.md").write_text("  \n"), "instruction.md: empty"),
     (lambda d: (d / "task.toml").write_text("[metadata\n"), "task.toml: invalid TOML"),
-    (lambda d: (d / "environment" / "Dockerfile").unlink(), "Dockerfile: missing, and task.toml names no docker_image"),
+    (lambda d: (d / "environment" / "Dockerfile").unlink(), "Dockerfile: missing, and task.toml names no"),
     (lambda d: (d / "tests" / "test.sh").unlink(), "test.sh: missing"),
     (lambda d: (d / "task.toml").write_text('[environment]\nmemory = "lots"\n'), "cannot parse size 'lots'"),
 ])
