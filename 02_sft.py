@@ -8,10 +8,11 @@ cosine, gradient accumulation, clipping, bf16 on GPU, FSDP2 under torchrun, exac
     python 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
     torchrun --nproc_per_node 8 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
 
-Batching rule (automatic, --batching auto): rows are packed best-fit into one sequence of
+Batching rule (automatic, --batching auto): on GPU, rows are packed best-fit into one sequence of
 --micro-batch-tokens tokens when every layer can keep packed rows apart (common.packing_supported:
-full attention always; Qwen3.5's linear attention only with the CUDA varlen kernels), otherwise
-rows of similar length are padded together into micro-batches of the same token budget.
+full attention always; Qwen3.5's linear attention only with the CUDA varlen kernels). Otherwise,
+and always on CPU (where a packed sequence is one dense block-diagonal attention, quadratic in
+the budget), rows of similar length are padded together into micro-batches of the same budget.
 """
 
 from __future__ import annotations
@@ -245,8 +246,8 @@ def main(argv: list[str] | None = None) -> Path:
     model = C.load_model(cfg.model)
     model.config.use_cache = False
     packed = {"pack": True, "pad": False}.get(cfg.batching, None)
-    if packed is None:
-        packed = C.packing_supported(model)
+    if packed is None:  # on CPU a packed row is one dense masked attention over the whole budget
+        packed = device.type == "cuda" and C.packing_supported(model)
     elif packed and not C.packing_supported(model):
         raise ValueError("--batching pack: this model's linear-attention layers can't keep packed rows apart "
                          "without the CUDA varlen kernels (flash-linear-attention, causal-conv1d); use pad")

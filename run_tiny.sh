@@ -8,6 +8,7 @@ OUT=${1:-runs/tiny-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_tiny.log") 2>&1
 bash setup.sh
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
 # The tiny model is Qwen3-shaped: vLLM's CPU build can't import its Qwen3.5 module (it needs
 # torchvision, which has no CPU build beside torch+cpu here). GPU users use Qwen3.5-9B.
 ROLL=(--engine vllm --max-turns 4 --max-tokens 96 --command-timeout 30)
@@ -19,7 +20,8 @@ python3 01_build_data.py --tasks tasks --teacher oracle --out "$OUT/data/reterm.
   --faults-per-task 1 --concurrency 4
 echo "== 02 SFT cold start"
 python3 02_sft.py --data "$OUT/data/reterm.jsonl" --model "$OUT/base" --out "$OUT/sft" \
-  --max-steps 60 --lr 3e-3 --warmup-steps 5 --max-len 8192 --micro-batch-tokens 16384 --save-every 30
+  --max-steps 40 --lr 3e-3 --warmup-steps 4 --max-len 8192 --micro-batch-tokens 8192 --grad-accum 1 \
+  --save-every 20
 echo "== 03 collect failure states"
 python3 03_collect_failures.py --tasks tasks --model "$OUT/sft/final" --out "$OUT/failures" \
   --attempts 1 --concurrency 8 --max-context 8192 "${ROLL[@]}"
@@ -42,8 +44,11 @@ summary = json.loads((out / "eval/summary.json").read_text())
 print("\n== tiny pipeline: headline figures ==")
 print(f"01 rows (verified recoveries)   : {stats.get('rows')} over {stats.get('tasks_covered')} tasks")
 print(f"02 SFT loss first -> last       : {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}")
-print(f"03 failure states               : {len(rd('failures/failures.jsonl'))}")
-print(f"04 GRPO mean reward per step    : {[round(m['reward_mean'], 3) for m in grpo]}")
+fail = json.loads((out / "failures/summary.json").read_text())
+print(f"03 failure states               : {fail['n_failures']} (pass rate {fail['pass_rate']:.3f})"
+      f" by category {fail['by_category']}")
+print(f"04 GRPO recovery reward by step : {[round(m['reward'], 3) for m in grpo]}"
+      f" ({sum(m['groups_dropped'] for m in grpo)}/{sum(m['groups'] for m in grpo)} groups uniform)")
 print(f"05 Pass@1                       : {summary['pass_at_1']:.3f} over {summary['n_tasks']} tasks")
 print(f"05 Recovery@1                   : {summary.get('recovery_at_1', float('nan')):.3f}")
 PY
