@@ -26,9 +26,10 @@ with the new weights. Why colocated: rollouts are dominated by container time, s
 to vLLM alone would idle through every environment step and every optimizer step, while
 colocation gives all N GPUs to FSDP; level 1, not 2, because level 2 discards the weights
 that reload_weights copies into. On CPU the engine simply stays awake (a 1 GiB KV cache).
-Status: single-process runs use vLLM; under torchrun only --engine hf is verified (2 CPU ranks,
-gloo). In-process vLLM (uni executor) wants its own world-1 process group and hangs next to
-torchrun's, so world > 1 with --engine vllm is refused until it runs as an external launcher.
+Under torchrun the engine core runs in a process of its own (in-process vLLM would build its
+groups on torchrun's world and hang), and each weight push goes through a safetensors file in
+/dev/shm; a single process keeps vLLM in-process and hands tensors over by reference. Verified
+on CPU (2 gloo ranks); the GPU sleep/wake path has not run yet.
 """
 
 from __future__ import annotations
@@ -369,9 +370,6 @@ def main(argv: list[str] | None = None) -> Path:
     if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
         raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
     rank, world, device = C.init_distributed()
-    if world > 1 and cfg.engine == "vllm":
-        raise SystemExit("torchrun + in-process vLLM is not supported yet (see the docstring): "
-                         "use --engine hf")
     out = Path(cfg.out)
     if rank == 0:
         C.dump_config(cfg, out)
@@ -401,7 +399,8 @@ def main(argv: list[str] | None = None) -> Path:
             kw = {}
             if cfg.engine == "vllm":
                 kw = {"max_model_len": cfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
-                      cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep}
+                      cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
+                      "in_process": world == 1}
             engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
             sampling = C.SamplingConfig(cfg.temperature, 1.0, cfg.max_tokens)  # the engine is seeded
             rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, cfg.command_timeout,
@@ -462,7 +461,7 @@ def main(argv: list[str] | None = None) -> Path:
             for s in list(pool["states"].values()):
                 C.remove_image(s["state"]["snapshot"])
     C.log0(f"saved {final}")
-    if world > 1:  # only the group torchrun asked for: in-process vLLM owns its own world-1 group
+    if world > 1:
         C.teardown_distributed()
     return final
 

@@ -1082,8 +1082,14 @@ class VLLMEngine:
     token was drawn from (the behaviour policy), as HFEngine returns them."""
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
-                 gpu_memory_utilization: float = 0.5, seed: int = 0, **llm_kw: Any):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True, **llm_kw: Any):
+        # in_process=False (needed under torchrun: in-process vLLM would build its process groups
+        # on torchrun's world and hang) runs the engine core in a spawned process of its own;
+        # weights then travel through a safetensors file in shared memory instead of by reference.
+        self.in_process = in_process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        if not in_process:
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         try:
             import torch
             import vllm
@@ -1123,9 +1129,21 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed
         with the old ones. Sleep level 2 would discard weights; we never sleep."""
-        weights = [(n, t.detach()) for n, t in named_tensors]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                          "is_checkpoint_format": True})
+        if self.in_process:
+            weights = [(n, t.detach()) for n, t in named_tensors]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
+        else:
+            import tempfile
+
+            from safetensors.torch import save_file
+
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            with tempfile.TemporaryDirectory(prefix="reterm-weights-", dir=shm) as d:
+                save_file({n: t.detach().contiguous().cpu() for n, t in named_tensors},
+                          os.path.join(d, "model.safetensors"))
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": d,
+                                                                  "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
 
