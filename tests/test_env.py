@@ -127,7 +127,7 @@ def test_eval_oracle_null_and_resume(make_task, tmp_path):
     assert s2 == s and len(C.read_jsonl(out / "trials.jsonl")) == 4  # nothing re-run
     n = ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "null"), "--agent", "null"])
     assert n["pass_at_1"] == 0.0
-    assert not labelled()
+    assert not labelled(**{"reterm.run": C.RUN_ID})
 
 
 def test_sigint_leaves_nothing_behind(make_task, tmp_path):

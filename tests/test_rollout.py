@@ -116,6 +116,6 @@ def test_policy_eval_with_tiny_model_resumes_and_cleans_up(make_task, tmp_path):
         assert "recovery_at_1" in s and s["recovery_by_category"]
     s2 = ev.main(args + ["--engine", "no-such-engine"])  # resume: nothing left, so no engine is built
     assert s2["n_trials"] == 4 and len(C.read_jsonl(tmp_path / "ev" / "trials.jsonl")) == 4
-    assert not C.docker_client().containers.list(all=True, filters={"label": C.LABEL})
+    assert not C.docker_client().containers.list(all=True, filters={"label": f"reterm.run={C.RUN_ID}"})
     assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=1",
                                                                 f"reterm.run={C.RUN_ID}"]})
