@@ -225,6 +225,32 @@ def sft_loss(model, batch: dict, n_tokens: float, world: int) -> tuple[torch.Ten
     return nll * world / n_tokens, nll.item()
 
 
+# Dense bf16 tensor-core peak per GPU (vendor datasheets, no sparsity).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "B200": 2250e12,
+                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12,
+                   "4090": 165e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's bf16 peak FLOP/s, or None (CPU, unknown GPU: MFU is then not reported)."""
+    if getattr(device, "type", device) != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
+    """Training FLOPs per token: 6 × non-embedding parameters (forward + backward matmuls) plus
+    causal attention scores, 6 · heads · head_dim · seq_len per full-attention layer (the
+    PaLM/nanoGPT estimate; linear-attention layers count through their parameters only)."""
+    cfg = C.text_config(model)
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    n = sum(p.numel() for p in model.parameters()) - emb.numel() + (head.numel() if head is emb else 0)
+    types_ = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 6 * n + 6 * types_.count("full_attention") * cfg.num_attention_heads * head_dim * seq_len
+
+
 # ── main ────────────────────────────────────────────────────────────────────
 
 
@@ -254,7 +280,7 @@ def main(argv: list[str] | None = None) -> Path:
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
-    flops_tok = C.flops_per_token(model, sum(lengths) / len(lengths))
+    flops_tok = flops_per_token(model, sum(lengths) / len(lengths))
     if world > 1:
         C.shard_model(model, mixed_precision=device.type == "cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
@@ -294,7 +320,7 @@ def main(argv: list[str] | None = None) -> Path:
            f"{cfg.micro_batch_tokens}-token "
            f"micro-batches, padding {padding_share(first, lengths, cfg.micro_batch_tokens, packed):.1%}; "
            f"{total} steps x {per_step} micro-batches on {world} x {device.type}")
-    peak = C.peak_flops(device)
+    peak = peak_flops(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     model.train()
     start = step

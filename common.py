@@ -1252,7 +1252,7 @@ def all_reduce_sum(x: float) -> float:
     return t.item()
 
 
-def _text_config(model: Any) -> Any:
+def text_config(model: Any) -> Any:
     cfg = model.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
@@ -1282,7 +1282,7 @@ def packing_supported(model: Any) -> bool:
     import torch
     from transformers.utils import import_utils as iu
 
-    if "linear_attention" not in (getattr(_text_config(model), "layer_types", None) or []):
+    if "linear_attention" not in (getattr(text_config(model), "layer_types", None) or []):
         return True
     kernels = iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
     return torch.cuda.is_available() and kernels
@@ -1348,7 +1348,7 @@ def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int
     if batch.get("cu_seqlens") is not None:
         cu, n = batch["cu_seqlens"], batch["max_len"]
         kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
-        if "linear_attention" in (getattr(_text_config(model), "layer_types", None) or []):
+        if "linear_attention" in (getattr(text_config(model), "layer_types", None) or []):
             kw["seq_idx"] = batch["seq_idx"]
     logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
                    logits_to_keep=keep, use_cache=False, **kw).logits  # [B, K, V]
@@ -1421,34 +1421,6 @@ def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None
         tokenizer.save_pretrained(out)
     barrier()
     return out
-
-
-# Dense bf16 tensor-core peak per GPU (vendor datasheets, no sparsity).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "B200": 2250e12,
-                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12,
-                   "4090": 165e12}
-
-
-def peak_flops(device: Any) -> float | None:
-    """The device's bf16 peak FLOP/s, or None (CPU, unknown GPU: MFU is then not reported)."""
-    import torch
-
-    if getattr(device, "type", device) != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
-
-
-def flops_per_token(model: Any, seq_len: float) -> float:
-    """Training FLOPs per token: 6 × non-embedding parameters (forward + backward matmuls) plus
-    causal attention scores, 6 · heads · head_dim · seq_len per full-attention layer (the
-    PaLM/nanoGPT estimate; linear-attention layers count through their parameters only)."""
-    cfg = _text_config(model)
-    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    n = sum(p.numel() for p in model.parameters()) - emb.numel() + (head.numel() if head is emb else 0)
-    types_ = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return 6 * n + 6 * types_.count("full_attention") * cfg.num_attention_heads * head_dim * seq_len
 
 
 # ════════════════════════════════════════════════════════════════════════════

@@ -74,7 +74,7 @@ def main() -> None:
         print(f"vLLM / transformers: {speeds['vllm'] / speeds['hf']:.2f}x")
 
     pick = [tasks[i % len(tasks)] for i in range(args.n)]
-    for t in set(pick):
+    for t in {t.name: t for t in pick}.values():
         C.task_image(t)  # builds outside the timings
     walls = {}
     with C.env_session():
