@@ -491,4 +491,4 @@ def _gc_orphans(out: Path, pool: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_main(main)

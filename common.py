@@ -120,6 +120,19 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+class UserError(Exception):
+    """A problem the user fixes (bad task, engine down, missing package or folder): a stage run
+    from the command line prints it as one line instead of a traceback."""
+
+
+def run_main(main: Callable[[], Any]) -> None:
+    """A stage's `if __name__ == "__main__"` body: user errors become a one-line exit."""
+    try:
+        main()
+    except (UserError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -135,7 +148,7 @@ def log0(*args: Any) -> None:
 # ════════════════════════════════════════════════════════════════════════════
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task folder that can't be used; the message names the file and the problem."""
 
 
@@ -279,7 +292,7 @@ RUN_ID = uuid.uuid4().hex[:12]  # labels everything this process creates, for th
 MAX_OUTPUT_BYTES = 10_000  # TB2 agents keep the first and last 5,000 bytes of a command's output
 
 
-class EnvError(RuntimeError):
+class EnvError(UserError, RuntimeError):
     """The Docker side failed in a way the user must fix (engine down, build broken, ...)."""
 
 
@@ -1037,7 +1050,7 @@ def load_tokenizer(path: str | Path) -> Any:
 
     tok = _pretrained(AutoTokenizer, path)
     if not tok.chat_template:
-        raise ValueError(f"{path}: tokenizer has no chat template: use an instruct/chat model folder "
+        raise UserError(f"{path}: tokenizer has no chat template: use an instruct/chat model folder "
                          "(or one written by make_tiny_model)")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -1094,7 +1107,7 @@ class VLLMEngine:
             import torch
             import vllm
         except ImportError:
-            raise ImportError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
+            raise UserError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
                               "requirements.txt (GPU), or pass --engine hf") from None
         on_gpu = torch.cuda.is_available()
         if not on_gpu:

@@ -64,7 +64,7 @@ def main() -> None:
                 kw = {"max_model_len": 4096} if kind == "vllm" else {}
                 speeds[kind] = gen_speed(C.make_engine(kind, model, dtype="float32", **kw), prompts,
                                          args.max_tokens)
-            except ImportError as e:
+            except C.UserError as e:
                 print(f"{kind}: skipped ({e})")
     print(f"\n== generation: batch of {args.n} prompts (~{len(prompts[0])} tokens), "
           f"{args.max_tokens} new tokens each, tiny Qwen3, CPU fp32 ==")

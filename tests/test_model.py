@@ -118,7 +118,7 @@ def test_load_errors(tiny, tmp_path):
     tok.chat_template = None
     tok.save_pretrained(tmp_path / "no_template")
     (tmp_path / "no_template" / "chat_template.jinja").unlink(missing_ok=True)
-    with pytest.raises(ValueError, match="has no chat template"):
+    with pytest.raises(common.UserError, match="has no chat template"):
         common.load_tokenizer(tmp_path / "no_template")
 
 
@@ -323,3 +323,19 @@ def test_vllm_engine_under_torchrun_syncs_weights(tiny, tmp_path):
     lines = [x for x in r.stdout.splitlines() if x.startswith("MAXDIFF")]
     assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
     assert float(lines[0].split()[1]) <= 1e-4
+
+
+def test_missing_vllm_and_bad_paths_are_one_line_errors(tiny, tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if vLLM were not installed
+    with pytest.raises(common.UserError, match="vLLM is not installed: pip install .* or pass --engine hf"):
+        common.VLLMEngine(tiny["qwen3"])
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "05_eval_tb2.py", "--agent", "policy", "--model",
+                        str(tmp_path / "nope"), "--out", str(tmp_path / "ev"),
+                        "--task-filter", "^csv-sales-summary$"],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'nope'}: model folder does not exist: pass a local model folder or a hub name")
