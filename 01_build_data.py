@@ -1,16 +1,12 @@
 """Stage 01 — ReTerm-10K-style recovery demonstrations (SFT cold-start data).
 
-A row pairs a FAILED first attempt (context, no loss) with a VERIFIED second attempt that
-repairs the same, un-reset container (DESIGN §1). Every row is checked in real Docker: the first
-attempt is snapshotted before the verifier runs and must fail; the recovery runs in a fork of
-that snapshot and must pass. Teachers:
-  oracle  replay the task's solution/solve.sh step by step with one injected fault (drop a
-          step, a typo'd program, a wrong path, a wrong value, stop early), then recover by
-          inspecting the state and redoing the steps from the faulty one (offline, no model)
-  policy  a local model (--model) recovers the failures of a student (--student-model)
-  openai  an OpenAI-compatible chat-completions server (--base-url, --api-model) recovers
---import PATH converts released ReTerm-10K rows (JSON / JSONL) instead, validating each row.
-Rows already in --out are kept and their (task, fault) is not redone, so a killed run resumes.
+A row pairs a FAILED first attempt (context, no loss) with a VERIFIED recovery of the same, un-reset
+container (DESIGN §1): attempt 1 is snapshotted before the verifier runs and must fail; the recovery
+runs in a fork of that snapshot and must pass. Teachers: `oracle` replays solution/solve.sh with one
+injected fault (a dropped step, a typo'd program, a wrong path or value, an early stop), then inspects
+and redoes the steps from the faulty one (offline, no model); `policy` is a local model (--model)
+recovering a student's (--student-model) failures; `openai` an OpenAI-compatible server. --import
+converts released ReTerm-10K rows instead. Rows already in --out are not redone: a killed run resumes.
 """
 
 from __future__ import annotations
@@ -19,9 +15,11 @@ import collections
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import re
 import statistics
+import sys
 import threading
 import time
 import types
@@ -62,8 +60,6 @@ class Config:
 
 # ── rows ────────────────────────────────────────────────────────────────────
 
-ROLES = {"system", "user", "assistant", "tool"}
-
 
 def trajectory_sha256(messages: list[dict]) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
@@ -77,24 +73,25 @@ def make_row(task_id: str, messages: list[dict], train_from: int, meta: dict) ->
             "trajectory_sha256": sha, "meta": meta}
 
 
-def tool_call(thought: str, command: str) -> dict:
-    call = {"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}
-    return {"role": "assistant", "content": thought, "tool_calls": [call]}
-
-
 def commands_of(messages: list[dict]) -> list[str]:
-    """The bash commands of the assistant turns in `messages`, in order."""
     return [c["function"]["arguments"]["command"] for m in messages for c in m.get("tool_calls") or []]
+
+
+def act(env: C.Env, msgs: list[dict], thought: str, command: str, timeout: float) -> C.CmdResult:
+    """One bash tool call, appended to `msgs` exactly as the rollout records it."""
+    r = env.bash(command, timeout)
+    call = {"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}
+    msgs += [{"role": "assistant", "content": thought, "tool_calls": [call]},
+             {"role": "tool", "content": C.format_observation(r)}]
+    return r
 
 
 class Writer:
     """Thread-safe, deduplicating appender: each row is on disk as soon as it is verified."""
 
     def __init__(self, path: Path):
-        self.path, self.lock = path, threading.Lock()
-        self.rows = C.read_jsonl(path)
+        self.path, self.lock, self.rows, self.duplicates = path, threading.Lock(), C.read_jsonl(path), 0
         self.seen = {r["trajectory_sha256"] for r in self.rows}
-        self.duplicates = 0
 
     def add(self, row: dict) -> bool:
         with self.lock:
@@ -107,9 +104,22 @@ class Writer:
             return True
 
 
+FAILED = types.SimpleNamespace(reward=0.0, snapshot=None, messages=[], attempt_from=0)  # a call that raised
+
+
+def run_each(cfg: Config, fn, tasks: list[C.Task], desc: str, fallback: object) -> list:
+    """fn(i) for each i of `tasks` on threads, in order; an exception is reported, then `fallback`."""
+    got = {}
+    for i, res in C.run_concurrently(fn, list(range(len(tasks))), cfg.concurrency, desc):
+        if isinstance(res, Exception):
+            print(f"{tasks[i].name}: {type(res).__name__}: {res}")
+        got[i] = fallback if isinstance(res, Exception) else res
+    return [got[i] for i in range(len(tasks))]
+
+
 # ── oracle teacher: solve.sh steps with one injected fault ──────────────────
 
-STEP = re.compile(r"^\s*#\s*step:\s*(.*?)\s*$")
+STEP = re.compile(r"^[^\S\n]*#[^\S\n]*step:[^\S\n]*(.*?)[^\S\n]*$", re.M)
 BUILTINS = {"cd", "echo", "export", "if", "then", "else", "fi", "for", "do", "done", "while", "read", "set",
             "true", "false", "test", "printf", "case", "esac", "exit", "return", "local", "eval", "exec",
             "cat", "ls", "head", "tail", "wc"}  # display-only programs: a typo there changes no outcome
@@ -117,21 +127,23 @@ CMD_POS = re.compile(r"(?:^|&&|\|\||[|;({]|\bthen\b|\bdo\b)[ \t]*([a-z][a-z0-9_+
 HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n(.*?\n)\1\n?", re.S)
 PATH = re.compile(r"(?<![\w.$/-])/(?:app|srv|home|etc|var|opt|data|root|workspace|mnt|tmp)(?:/[\w.+-]+)+")
 NUMBER = re.compile(r"(?<![\w.%$/-])(\d{1,4})(?![\w./-]|>|\])")
+# per fault kind: why attempt 1 failed, and what the recovery did ({d}: the faulty step)
+EXPLAIN = {
+    "drop": ("The step '{d}' was never run, so its result is missing.", "ran the skipped step '{d}'"),
+    "stop": ("The previous attempt stopped before '{d}': the remaining steps never ran.",
+             "ran the steps from '{d}' on"),
+    "typo": ("'{bad}' is a typo for '{good}', so '{d}' failed.", "fixed the typo in '{d}'"),
+    "path": ("'{d}' used the wrong path {bad} instead of {good}.", "redid '{d}' with the right path"),
+    "value": ("'{d}' used a wrong value ({bad} instead of {good}).", "redid '{d}' with the right value")}
 
 
 def split_steps(script: str) -> list[tuple[str, str]]:
     """solve.sh -> [(description, command)] by its `# step:` markers (no markers: one step)."""
-    steps: list[list] = []
-    for line in script.splitlines():
-        m = STEP.match(line)
-        if m:
-            steps.append([m.group(1), []])
-        elif steps:
-            steps[-1][1].append(line)
-    if not steps:
-        body = [ln for ln in script.splitlines() if not ln.startswith(("#!", "set -"))]
-        steps = [["run the solution", body]]
-    return [(d, "\n".join(ls).strip()) for d, ls in steps if "\n".join(ls).strip()]
+    parts = STEP.split(script)  # [text before the first marker, desc, body, desc, body, ...]
+    if len(parts) == 1:
+        parts = ["", "run the solution", "\n".join(
+            ln for ln in script.splitlines() if not ln.startswith(("#!", "set -")))]
+    return [(d, body.strip()) for d, body in zip(parts[1::2], parts[2::2], strict=True) if body.strip()]
 
 
 def typo(word: str) -> str:
@@ -153,83 +165,58 @@ class Fault:
 
 
 def candidate_faults(steps: list[tuple[str, str]], rng: random.Random) -> list[Fault]:
-    """Every fault we know how to inject, shuffled within kind, then interleaved across kinds so
-    the first few candidates are of different kinds."""
+    """Every fault we can inject, shuffled, interleaved so the first few are of different kinds."""
     cmds = [c for _, c in steps]
     n, by_kind = len(steps), collections.defaultdict(list)
     for i, cmd in enumerate(cmds):
-        swap = lambda new, i=i: cmds[:i] + [new] + cmds[i + 1:]
+        def wrong(kind: str, at: object, c: str, bad: str, good: str, i: int = i) -> None:  # step i -> c
+            by_kind[kind].append(Fault(kind, i, f"{kind}@{i}:{at}", cmds[:i] + [c] + cmds[i + 1:], bad, good))
         if i < n - 1 or n == 1:  # dropping the last step is the same trajectory as stopping early
             by_kind["drop"].append(Fault("drop", i, f"drop@{i}", cmds[:i] + cmds[i + 1:]))
         if i > 0:
             by_kind["stop"].append(Fault("stop", i, f"stop@{i}", cmds[:i]))
         shell = HEREDOC.sub(lambda m: m.group(0)[: m.start(2) - m.start()] + " " * len(m.group(2))
                             + m.group(0)[m.end(2) - m.start():], cmd)  # programs outside heredoc bodies
-        progs = [m for m in CMD_POS.finditer(shell) if m.group(1) not in BUILTINS]
-        for m in progs[:2]:
-            bad = cmd[: m.start(1)] + typo(m.group(1)) + cmd[m.end(1):]
-            by_kind["typo"].append(Fault("typo", i, f"typo@{i}:{m.start(1)}", swap(bad), typo(m.group(1)),
-                                         m.group(1)))
+        for m in [m for m in CMD_POS.finditer(shell) if m.group(1) not in BUILTINS][:2]:
+            bad = typo(m.group(1))
+            wrong("typo", m.start(1), cmd[: m.start(1)] + bad + cmd[m.end(1):], bad, m.group(1))
         for p in list(dict.fromkeys(PATH.findall(cmd)))[:2]:
             parent, base = p.rsplit("/", 1)
-            wrong = f"/tmp/{base}" if parent != "/tmp" else f"/tmp/{typo(base)}"
-            by_kind["path"].append(Fault("path", i, f"path@{i}:{p}", swap(cmd.replace(p, wrong)), wrong, p))
+            bad = f"/tmp/{base}" if parent != "/tmp" else f"/tmp/{typo(base)}"
+            wrong("path", p, cmd.replace(p, bad), bad, p)
         for m in list(NUMBER.finditer(cmd))[:2]:
-            v = str(int(m.group(1)) + 1)
-            by_kind["value"].append(Fault("value", i, f"value@{i}:{m.start(1)}",
-                                          swap(cmd[: m.start(1)] + v + cmd[m.end(1):]), v, m.group(1)))
+            bad = str(int(m.group(1)) + 1)
+            wrong("value", m.start(1), cmd[: m.start(1)] + bad + cmd[m.end(1):], bad, m.group(1))
     for faults in by_kind.values():
         rng.shuffle(faults)
     kinds = sorted(by_kind, key=lambda k: rng.random())
-    out = []
-    for j in range(max((len(v) for v in by_kind.values()), default=0)):
-        out += [by_kind[k][j] for k in kinds if j < len(by_kind[k])]
-    return out
-
-
-def diagnosis(steps: list[tuple[str, str]], fault: Fault) -> str:
-    """A short look at the state the faulty step should have produced."""
-    paths = PATH.findall(steps[min(fault.step, len(steps) - 1)][1])
-    dirs = list(dict.fromkeys(p if not Path(p).suffix else str(Path(p).parent) for p in paths))[:3]
-    look = f"ls -la {' '.join(dirs)}" if dirs else "pwd && ls -la"
-    return f"command -v {fault.good}; {look}" if fault.kind == "typo" else look
+    return [by_kind[k][j] for j in range(max(map(len, by_kind.values()), default=0))
+            for k in kinds if j < len(by_kind[k])]
 
 
 def recovery_plan(steps: list[tuple[str, str]], fault: Fault, from_start: bool) -> list[tuple[str, str]]:
-    """(thought, command) pairs of the recovery after the diagnosis."""
-    desc = [d for d, _ in steps]
-    i = 0 if from_start else fault.step
-    d = desc[fault.step]
-    why = {"drop": f"The step '{d}' was never run, so its result is missing.",
-           "stop": f"The previous attempt stopped before '{d}': the remaining steps never ran.",
-           "typo": f"'{fault.bad}' is a typo for '{fault.good}', so '{d}' failed.",
-           "path": f"'{d}' used the wrong path {fault.bad} instead of {fault.good}.",
-           "value": f"'{d}' used a wrong value ({fault.bad} instead of {fault.good})."}[fault.kind]
-    plan = []
+    """(thought, command)s: look at what the faulty step should have made, redo from it (or all)."""
+    d, cmd = steps[fault.step]
+    dirs = list(dict.fromkeys(p if not Path(p).suffix else str(Path(p).parent) for p in PATH.findall(cmd)))
+    look = f"ls -la {' '.join(dirs[:3])}" if dirs else "pwd && ls -la"
+    plan = [("The previous attempt failed. Let me inspect the current state before changing anything.",
+             f"command -v {fault.good}; {look}" if fault.kind == "typo" else look)]
+    why = EXPLAIN[fault.kind][0].format(d=d, bad=fault.bad, good=fault.good)
     if fault.kind == "path":
         plan.append((f"{why} First I remove the stray output.", f"rm -rf -- {fault.bad}"))
         why = "Now"
+    i = 0 if from_start else fault.step
     redo = "redo the task from the first step" if from_start else "redo it and the steps after it"
-    for j in range(i, len(steps)):
-        thought = f"{why} I will {redo}: {desc[j]}." if j == i else f"Next: {desc[j]}."
-        plan.append((thought, steps[j][1]))
-    return plan
-
-
-def act(env: C.Env, msgs: list[dict], thought: str, command: str, timeout: float) -> C.CmdResult:
-    """One bash tool call, appended to `msgs` exactly as the rollout records it."""
-    r = env.bash(command, timeout)
-    msgs += [tool_call(thought, command), {"role": "tool", "content": C.format_observation(r)}]
-    return r
+    return plan + [(f"{why} I will {redo}: {d}." if j == i else f"Next: {d}.", c) for j, (d, c) in
+                   enumerate(steps) if j >= i]
 
 
 def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: Fault
                ) -> tuple[dict | None, str]:
     """Run one faulty attempt + recovery in Docker; a row only if 1 fails and 2 passes."""
     msgs = C.initial_messages(task.instruction)
-    desc = [d for d, _ in steps]
-    run_descs = desc[:fault.step] if fault.kind == "stop" else [
-        d for j, d in enumerate(desc) if not (fault.kind == "drop" and j == fault.step)]
+    run_descs = [d for j, (d, _) in enumerate(steps) if not (
+        fault.kind == "drop" and j == fault.step or fault.kind == "stop" and j >= fault.step)]
     ran = []  # what the rollout's classify_failure looks at
     with C.start_env(task) as env:
         for d, cmd in zip(run_descs, fault.commands, strict=True):
@@ -238,26 +225,21 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
         msgs.append({"role": "assistant", "content": "The task is complete: " + "; ".join(run_descs) + "."})
         snap = env.snapshot()  # before the verifier touches the container (Recovery-Bench)
         first = env.verify()
-    attempt = types.SimpleNamespace(end="answered", malformed=0, turns=len(ran) + 1, commands=ran)
     try:
         if first.reward >= 1.0:
             return None, "fault_did_not_fail"
         msgs.append(C.recovery_message(task.instruction))
+        done = EXPLAIN[fault.kind][1].format(d=steps[fault.step][0])
         for from_start in (False, True):  # redo from the faulty step; if that is not enough, all
             out = list(msgs)
             with C.fork(snap, task, 1)[0] as env:
-                act(env, out, "The previous attempt failed. Let me inspect the current state before "
-                    "changing anything.", diagnosis(steps, fault), cfg.command_timeout)
                 for thought, cmd in recovery_plan(steps, fault, from_start):
                     act(env, out, thought, cmd, cfg.command_timeout)
-                d = desc[min(fault.step, len(desc) - 1)]
-                done = {"drop": f"ran the skipped step '{d}'", "stop": f"ran the steps from '{d}' on",
-                        "typo": f"fixed the typo in '{d}'", "path": f"redid '{d}' with the right path",
-                        "value": f"redid '{d}' with the right value"}[fault.kind]
                 out.append({"role": "assistant", "content": f"I {done}; every step of the task has now "
                             "run and the task is complete."})
                 second = env.verify()
             if second.reward >= 1.0:
+                attempt = types.SimpleNamespace(end="answered", malformed=0, turns=len(ran) + 1, commands=ran)
                 meta = {"teacher": "oracle", "fault": fault.key, "fault_kind": fault.kind,
                         "error_category": C.classify_failure(attempt), "task_category": task.category,
                         "recovery": "from_start" if from_start else "from_fault"}
@@ -268,20 +250,17 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
 
 
 def oracle_task(cfg: Config, task: C.Task, writer: Writer) -> collections.Counter:
-    script = (task.solution_dir / "solve.sh").read_text()
-    steps = split_steps(script)
+    steps = split_steps((task.solution_dir / "solve.sh").read_text())
     have = [r for r in writer.rows if r["task_id"] == task.name]
     done = {r.get("meta", {}).get("fault") for r in have}
     outcomes, n_ok = collections.Counter(), len(have)
-    rng = random.Random(f"{cfg.seed}:{task.name}")
-    for fault in candidate_faults(steps, rng):
+    for fault in candidate_faults(steps, random.Random(f"{cfg.seed}:{task.name}")):
         if n_ok >= cfg.faults_per_task or sum(outcomes.values()) >= cfg.max_tries_per_task:
             break
         if fault.key in done:
             continue
         row, outcome = oracle_row(cfg, task, steps, fault)
-        if row is not None and writer.add(row):
-            n_ok += 1
+        n_ok += row is not None and writer.add(row)
         outcomes[outcome] += 1
     return outcomes
 
@@ -295,12 +274,10 @@ def to_openai(messages: list[dict]) -> list[dict]:
     for i, m in enumerate(messages):
         m = dict(m)
         if m.get("tool_calls"):
-            calls = []
-            for j, c in enumerate(m["tool_calls"]):
-                last_id = f"call_{i}_{j}"
-                calls.append({"id": last_id, "type": "function", "function": {
-                    "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}})
-            m["tool_calls"] = calls
+            m["tool_calls"] = [{"id": f"call_{i}_{j}", "type": "function", "function": {
+                "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+                for j, c in enumerate(m["tool_calls"])]
+            last_id = m["tool_calls"][-1]["id"]
         elif m["role"] == "tool":
             m["tool_call_id"] = last_id
         out.append(m)
@@ -309,8 +286,6 @@ def to_openai(messages: list[dict]) -> list[dict]:
 
 def chat(cfg: Config, messages: list[dict]) -> dict:
     """One chat-completions call; connection errors, 408/429/5xx retry with exponential backoff."""
-    import os
-
     body = json.dumps({"model": cfg.api_model, "messages": to_openai(messages), "tools": [C.BASH_TOOL],
                        "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}).encode()
     headers = {"Content-Type": "application/json"}
@@ -319,23 +294,20 @@ def chat(cfg: Config, messages: list[dict]) -> dict:
     url = cfg.base_url.rstrip("/") + "/chat/completions"
     for i in range(cfg.http_retries + 1):
         try:
-            req = urllib.request.Request(url, data=body, headers=headers)
-            with urllib.request.urlopen(req, timeout=600) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=600) as r:
                 return json.load(r)["choices"][0]["message"]
-        except urllib.error.HTTPError as e:
-            if e.code not in (408, 429) and e.code < 500 or i == cfg.http_retries:
-                raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
-            if i == cfg.http_retries:
-                raise RuntimeError(f"{url}: {type(e).__name__}: {e}") from None
+            http = isinstance(e, urllib.error.HTTPError)
+            if i == cfg.http_retries or http and e.code not in (408, 429) and e.code < 500:
+                why = f"HTTP {e.code}: {e.read()[:300]!r}" if http else f"{type(e).__name__}: {e}"
+                raise RuntimeError(f"{url}: {why}") from None
         time.sleep(min(60.0, 0.5 * 2**i))
     raise AssertionError("unreachable")
 
 
 def api_episode(cfg: Config, env: C.Env, messages: list[dict]) -> list[dict]:
-    """Let the API model act in `env` until it answers without a tool call (or max turns);
-    returns the new messages. As in the rollout, only a turn's first tool call runs and bad
-    output gets an error message back."""
+    """The API model's new messages in `env`, until it answers without a tool call (or max turns).
+    As in the rollout, only a turn's first tool call runs and bad output gets an error back."""
     new: list[dict] = []
     for _ in range(cfg.max_turns):
         reply = chat(cfg, messages + new)
@@ -361,29 +333,23 @@ def api_episode(cfg: Config, env: C.Env, messages: list[dict]) -> list[dict]:
     return new
 
 
-def api_attempt(cfg: Config, task: C.Task) -> types.SimpleNamespace:
-    """A first attempt by the API model in a fresh container (snapshot before verify)."""
-    msgs = C.initial_messages(task.instruction)
-    with C.start_env(task) as env:
-        msgs += api_episode(cfg, env, msgs)
-        snap = env.snapshot()
+def api_run(cfg: Config, task: C.Task, msgs: list[dict], snapshot: str | None = None
+            ) -> types.SimpleNamespace:
+    """The API model goes on from `msgs` in a fork of `snapshot` (a recovery), or else in a fresh
+    container snapshotted before the verifier runs (a first attempt; the snapshot kept if it fails)."""
+    with C.fork(snapshot, task, 1)[0] if snapshot else C.start_env(task) as env:
+        new = api_episode(cfg, env, msgs)
+        snap = None if snapshot else env.snapshot()
         reward = env.verify().reward
-    if reward >= 1.0:
+    if snap and reward >= 1.0:
         C.remove_image(snap)
-    return types.SimpleNamespace(task=task, messages=msgs, reward=reward, category=None,
-                                 snapshot=snap if reward < 1.0 else None)
-
-
-def failed_call(result: object, task: C.Task) -> bool:
-    """run_concurrently hands exceptions back as results: report them, go on with the rest."""
-    if isinstance(result, Exception):
-        print(f"{task.name}: {type(result).__name__}: {result}")
-    return isinstance(result, Exception)
+    return types.SimpleNamespace(task=task, messages=msgs + new, attempt_from=len(msgs), reward=reward,
+                                 category=None, snapshot=snap if reward < 1.0 else None)
 
 
 def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collections.Counter:
-    """Student attempts (a local model in one batched rollout, or the API), then the teacher
-    recovers from a fork of each failure; only verified recoveries become rows."""
+    """Student attempts (a local model's batched rollout, or the API), then the teacher recovers in
+    a fork of each failure; only verified recoveries become rows."""
     rcfg = C.RolloutConfig(max_turns=cfg.max_turns, command_timeout=cfg.command_timeout,
                            concurrency=cfg.concurrency, sampling=C.SamplingConfig(
                                temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed))
@@ -395,10 +361,8 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collectio
         # snapshot="all" keeps nothing (keep=0): a killed run's snapshots are reaped on exit
         episodes, _ = C.run_attempts([t for t, _ in todo], student, rcfg, snapshot="all")
     else:
-        got = dict(C.run_concurrently(lambda i: api_attempt(cfg, todo[i][0]), list(range(len(todo))),
-                                      cfg.concurrency, "attempt"))
-        episodes = [types.SimpleNamespace(reward=0.0, snapshot=None) if failed_call(got[i], todo[i][0])
-                    else got[i] for i in range(len(todo))]
+        episodes = run_each(cfg, lambda i: api_run(cfg, todo[i][0], C.initial_messages(
+            todo[i][0].instruction)), [t for t, _ in todo], "attempt", FAILED)
     failed = [(ep, k) for ep, (_, k) in zip(episodes, todo, strict=True) if ep.reward < 1.0 and ep.snapshot]
     outcomes = collections.Counter(attempt_passed=sum(ep.reward >= 1.0 for ep in episodes),
                                    attempt_error=sum(ep.reward < 1.0 and not ep.snapshot for ep in episodes))
@@ -408,21 +372,15 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collectio
             teacher = student if same else C.make_engine(cfg.engine, cfg.model)
             states = [C.FailureState.from_episode(ep, cfg.student_model or cfg.model) for ep, _ in failed]
             groups, _ = C.run_recoveries(states, {t.name: t for t in tasks}, 1, teacher, rcfg)
-            results = [(g[0].messages, g[0].attempt_from, g[0].reward) for g in groups]
+            results = [g[0] for g in groups]
         else:
-            def recover(i: int) -> tuple[list[dict], int, float]:
-                ep = failed[i][0]
-                msgs = ep.messages + [C.recovery_message(ep.task.instruction)]
-                with C.fork(ep.snapshot, ep.task, 1)[0] as env:
-                    rec = api_episode(cfg, env, msgs)
-                    return msgs + rec, len(msgs), env.verify().reward
-            got = dict(C.run_concurrently(recover, list(range(len(failed))), cfg.concurrency, "recover"))
-            results = [([], 0, 0.0) if failed_call(got[i], failed[i][0].task) else got[i]
-                       for i in range(len(failed))]
-        for (ep, k), (messages, train_from, reward) in zip(failed, results, strict=True):
-            outcomes["row" if reward >= 1.0 else "recovery_failed"] += 1
-            if reward >= 1.0:
-                writer.add(make_row(ep.task.name, messages, train_from, {
+            results = run_each(cfg, lambda i: api_run(cfg, failed[i][0].task, failed[i][0].messages + [
+                C.recovery_message(failed[i][0].task.instruction)], failed[i][0].snapshot),
+                [ep.task for ep, _ in failed], "recover", FAILED)
+        for (ep, k), rec in zip(failed, results, strict=True):
+            outcomes["row" if rec.reward >= 1.0 else "recovery_failed"] += 1
+            if rec.reward >= 1.0:
+                writer.add(make_row(ep.task.name, rec.messages, rec.attempt_from, {
                     "teacher": cfg.model if cfg.teacher == "policy" else f"openai:{cfg.api_model}",
                     "fault": f"attempt{k}", "error_category": ep.category or "n/a",
                     "task_category": ep.task.category}))
@@ -434,6 +392,8 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collectio
 
 
 # ── --import: released ReTerm-10K rows ──────────────────────────────────────
+
+ROLES = {"system", "user", "assistant", "tool"}
 
 
 def convert_message(m: object, j: int) -> dict:
@@ -449,7 +409,7 @@ def convert_message(m: object, j: int) -> dict:
     if m.get("tool_calls"):
         if m["role"] != "assistant" or not isinstance(m["tool_calls"], list):
             raise ValueError(f"message {j}: tool_calls must be a list on an assistant message")
-        calls = []
+        out["tool_calls"] = []
         for c in m["tool_calls"]:
             f = c.get("function", c) if isinstance(c, dict) else {}
             args = f.get("arguments")
@@ -459,8 +419,7 @@ def convert_message(m: object, j: int) -> dict:
                 raise ValueError(f"message {j}: tool call arguments are not valid JSON") from None
             if f.get("name") != "bash" or not isinstance(args, dict) or type(args.get("command")) is not str:
                 raise ValueError(f"message {j}: expected a `bash` tool call with a string `command`")
-            calls.append({"type": "function", "function": {"name": "bash", "arguments": args}})
-        out["tool_calls"] = calls
+            out["tool_calls"].append({"type": "function", "function": {"name": "bash", "arguments": args}})
     return out
 
 
@@ -486,33 +445,16 @@ def convert_row(raw: object) -> dict:
             "trajectory_sha256": sha}
 
 
-def import_rows(path: str | Path, writer: Writer) -> tuple[int, list[str]]:
-    """Convert every valid row of a JSON array / JSONL file; (n added, one error per bad row)."""
-    text = Path(path).read_text()
-    raws = json.loads(text) if text.lstrip().startswith("[") else [
-        json.loads(line) for line in text.splitlines() if line.strip()]
-    added, errors = 0, []
-    for i, raw in enumerate(raws):
-        try:
-            added += writer.add(convert_row(raw))
-        except ValueError as e:
-            errors.append(f"row {i} (id={raw.get('id') if isinstance(raw, dict) else None}): {e}")
-    return added, errors
-
-
-# ── stats ───────────────────────────────────────────────────────────────────
+# ── stats · main ────────────────────────────────────────────────────────────
 
 
 def dataset_stats(rows: list[dict], n_tasks: int | None, tokenizer: object | None) -> dict:
-    def dist(xs: list[float]) -> dict:
-        return {"min": min(xs), "median": statistics.median(xs), "mean": round(statistics.mean(xs), 1),
-                "max": max(xs)} if xs else {}
-
+    dist = lambda xs: {"min": min(xs), "median": statistics.median(xs), "mean": round(statistics.mean(xs), 1),
+                       "max": max(xs)} if xs else {}
     meta = [r.get("meta", {}) for r in rows]
     stats = {"rows": len(rows), "tasks_covered": len({r["task_id"] for r in rows}), "tasks_total": n_tasks,
-             "by_fault_kind": dict(collections.Counter(m.get("fault_kind", "n/a") for m in meta)),
-             "by_error_category": dict(collections.Counter(m.get("error_category", "n/a") for m in meta)),
-             "by_task_category": dict(collections.Counter(m.get("task_category", "n/a") for m in meta)),
+             **{f"by_{k}": dict(collections.Counter(m.get(k, "n/a") for m in meta))
+                for k in ("fault_kind", "error_category", "task_category")},
              "messages_per_row": dist([len(r["messages"]) for r in rows]),
              "train_from_message_index": dist([r["train_from_message_index"] for r in rows]),
              "recovery_tool_calls": dist([len(commands_of(r["messages"][r["train_from_message_index"]:]))
@@ -526,10 +468,8 @@ def dataset_stats(rows: list[dict], n_tasks: int | None, tokenizer: object | Non
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    argv = [("--import-path" + a[8:]) if a.split("=")[0] == "--import" else a for a in argv]
+    argv = [("--import-path" + a[8:]) if a.split("=")[0] == "--import" else a
+            for a in (sys.argv[1:] if argv is None else argv)]
     cfg = C.parse_config(Config, argv)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -537,10 +477,18 @@ def main(argv: list[str] | None = None) -> dict:
     writer = Writer(out)
     n_before, n_tasks = len(writer.rows), None
     if cfg.import_path:
-        added, errors = import_rows(cfg.import_path, writer)
-        for e in errors:
-            print(e)
-        C.log0(f"imported {added} rows into {out} ({len(errors)} rejected, {writer.duplicates} duplicates)")
+        text = Path(cfg.import_path).read_text()  # a JSON array or JSONL
+        raws = json.loads(text) if text.lstrip().startswith("[") else [
+            json.loads(line) for line in text.splitlines() if line.strip()]
+        rejected = 0
+        for i, raw in enumerate(raws):
+            try:
+                writer.add(convert_row(raw))
+            except ValueError as e:
+                rejected += 1
+                print(f"row {i} (id={raw.get('id') if isinstance(raw, dict) else None}): {e}")
+        C.log0(f"imported {len(writer.rows) - n_before} rows into {out} ({rejected} rejected, "
+               f"{writer.duplicates} duplicates)")
     else:
         tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
         n_tasks = len(tasks)
@@ -550,17 +498,12 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit("--teacher openai needs --base-url and --api-model")
         if cfg.teacher == "policy" and not cfg.model:
             raise SystemExit("--teacher policy needs --model (the teacher; --student-model defaults to it)")
-        outcomes = collections.Counter()
         with C.env_session():
             if cfg.teacher != "oracle":
                 outcomes = recovery_rows(cfg, tasks, writer)
             else:
-                work = lambda t: oracle_task(cfg, t, writer)
-                for task, res in C.run_concurrently(work, tasks, cfg.concurrency, "build[oracle]"):
-                    if isinstance(res, Exception):
-                        print(f"{task.name}: {type(res).__name__}: {res}")
-                        res = {"error": 1}
-                    outcomes.update(res)
+                outcomes = sum(run_each(cfg, lambda i: oracle_task(cfg, tasks[i], writer), tasks,
+                                        "build[oracle]", collections.Counter(error=1)), collections.Counter())
         C.log0(f"{len(writer.rows) - n_before} new rows ({len(writer.rows)} total, "
                f"{writer.duplicates} duplicates dropped); outcomes {dict(outcomes)}")
     tok_path = cfg.tokenizer or cfg.model or cfg.student_model

@@ -9,27 +9,21 @@ One step:
   4. the new weights go into the running engine (no restart).
 --mode standard is the paper's baseline: G fresh attempts per task, no forks, same everything else.
 
-Pool sampling (which states are worth forking): weight(s) = max(--floor, 1 - p(s)), p(s) = the
-success rate of the latest group forked from s (unseen: 0); B states are drawn without
-replacement (Efraimidis-Spirakis keys). A state whose last --retire-after groups all succeeded
-is mastered and leaves the pool; above --pool-max the lowest-weight, oldest states leave. The
-pool owns one image tag per state (input snapshots are re-tagged, so untagging never touches
-stage 03's images); a state leaving the pool has its tag removed at once. Fresh-start groups
-and --mode standard draw tasks by the same rule.
+Pool rule: weight(s) = max(--floor, 1 - p(s)), p(s) = the success rate of the latest group forked
+from s (unseen: 0); B states drawn without replacement (Efraimidis-Spirakis keys); fresh groups and
+--mode standard draw tasks the same way. A state whose last --retire-after groups all succeeded is
+mastered and leaves, as do the lowest-weight, oldest states above --pool-max. The pool owns one
+image tag per state (stage 03's snapshots are re-tagged, never removed), untagged as it leaves.
 
-Distributed: `torchrun --nproc_per_node N` + FSDP2 (common.shard_model). Rank 0 owns the
-engine and the containers, runs the rollouts and broadcasts the training rows; every rank
-trains on its slice of micro-batches; the full state dict is gathered to rank 0 and pushed into
-the engine. GPU memory: vLLM is colocated in rank 0's process on GPU 0 and put to sleep at
-level 1 while training (weights offloaded to CPU, KV cache freed), then woken and reloaded
-with the new weights. Why colocated: rollouts are dominated by container time, so a GPU given
-to vLLM alone would idle through every environment step and every optimizer step, while
-colocation gives all N GPUs to FSDP; level 1, not 2, because level 2 discards the weights
-that reload_weights copies into. On CPU the engine simply stays awake (a 1 GiB KV cache).
-Under torchrun the engine core runs in a process of its own (in-process vLLM would build its
-groups on torchrun's world and hang), and each weight push goes through a safetensors file in
-/dev/shm; a single process keeps vLLM in-process and hands tensors over by reference. Verified
-on CPU (2 gloo ranks); the GPU sleep/wake path has not run yet.
+Distributed: torchrun + FSDP2. Rank 0 owns the engine and the containers, runs the rollouts and
+broadcasts the training rows; every rank trains on its micro-batches; the gathered full state dict
+goes into the engine. vLLM is colocated on GPU 0 (rollouts are dominated by container time: a GPU
+of its own would idle through every environment and optimizer step, while colocated all N GPUs
+train) and sleeps at level 1 while training (weights to CPU, KV cache freed; level 2 would discard
+the weights reload_weights copies into); on CPU it stays awake (a 1 GiB KV cache). Under torchrun
+the engine core gets a process of its own (in-process vLLM would build its groups on torchrun's
+world and hang) and weights pass through a safetensors file in /dev/shm; one process hands tensors
+over by reference. Verified on CPU (2 gloo ranks); the GPU sleep/wake path has not run yet.
 """
 
 from __future__ import annotations
@@ -90,9 +84,7 @@ class Config:
     seed: int = 0  # sampling / pool seed
 
 
-# ════════════════════════════════════════════════════════════════════════════
-# the GRPO math (DESIGN §8)
-# ════════════════════════════════════════════════════════════════════════════
+# ── the GRPO math (DESIGN §8) ─────────────────────────────────────────────────────────────────────
 
 
 def group_advantages(rewards, use_std: bool = True) -> torch.Tensor:
@@ -138,26 +130,11 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     return torch.where(m, per_tok, 0.0).sum() / m.sum().clamp(min=1)
 
 
-# ════════════════════════════════════════════════════════════════════════════
-# the failure-state pool
-# ════════════════════════════════════════════════════════════════════════════
-
+# ── the failure-state pool ────────────────────────────────────────────────────────────────────────
 
 def load_failures(path: str | Path) -> list[C.FailureState]:
-    """Stage 03's records; extra keys (trajectory stats, ...) are ignored."""
-    names = {f.name for f in dataclasses.fields(C.FailureState)}
+    names = {f.name for f in dataclasses.fields(C.FailureState)}  # stage 03's extra keys are ignored
     return [C.FailureState(**{k: v for k, v in row.items() if k in names}) for row in C.read_jsonl(path)]
-
-
-def own_image(snapshot: str, tag: str) -> str | None:
-    """Re-tag a snapshot so the pool can drop its reference without touching the original."""
-    try:
-        repo, t = tag.rsplit(":", 1)
-        C.docker_client().images.get(snapshot).tag(repo, t)
-        return tag
-    except Exception as e:
-        C.log0(f"  skip state: snapshot {snapshot} unusable ({type(e).__name__})")
-        return None
 
 
 def weight(hist: list[float], floor: float) -> float:
@@ -190,18 +167,40 @@ def pool_prune(pool: dict, cfg: Config) -> list[str]:
 def init_pool(cfg: Config, out: Path, tasks: dict) -> dict:
     pool = {"states": {}, "hist": {}, "retired": 0}
     if cfg.mode == "fork" and cfg.failures:
-        tag = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
+        repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
         for s in load_failures(cfg.failures):
             if s.task in tasks and s.id not in pool["states"]:
-                image = own_image(s.snapshot, f"{tag}:{s.id}")
-                if image:
-                    pool_add(pool, s, image, 0)
+                try:  # a tag of the pool's own: dropping it later never touches the original image
+                    C.docker_client().images.get(s.snapshot).tag(repo, s.id)
+                    pool_add(pool, s, f"{repo}:{s.id}", 0)
+                except Exception as e:
+                    C.log0(f"  skip state: snapshot {s.snapshot} unusable ({type(e).__name__})")
     return pool
 
 
-# ════════════════════════════════════════════════════════════════════════════
-# rollouts
-# ════════════════════════════════════════════════════════════════════════════
+def _write_live(out: Path, pool: dict) -> None:
+    """Every image the pool owns now: on resume, those of steps after the checkpoint are removed."""
+    images = sorted(s["state"]["snapshot"] for s in pool["states"].values())
+    (out / "pool_live.json").write_text(json.dumps(images))
+
+
+def _gc_orphans(out: Path, pool: dict) -> None:
+    """On (re)start: remove images no state owns; drop states whose image is gone (a finished
+    run removes them unless --keep-pool)."""
+    live = out / "pool_live.json"
+    owned = {s["state"]["snapshot"] for s in pool["states"].values()}
+    if live.exists():
+        for image in set(json.loads(live.read_text())) - owned:
+            C.remove_image(image)
+    for sid, s in list(pool["states"].items()):
+        try:
+            C.docker_client().images.get(s["state"]["snapshot"])
+        except Exception:
+            del pool["states"][sid]
+    _write_live(out, pool)
+
+
+# ── rollouts ──────────────────────────────────────────────────────────────────────────────────────
 
 
 def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.RolloutConfig):
@@ -226,116 +225,19 @@ def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.Rol
         for k, t in enumerate(fresh):
             g = eps[k * cfg.group_size:(k + 1) * cfg.group_size]
             groups.append(("fresh", t, "fresh", g))
-            for ep in g:
-                if not ep.snapshot:
-                    continue
+            for ep in (ep for ep in g if ep.snapshot):
                 state = C.FailureState.from_episode(ep, f"step{step}")
                 if state.id in pool["states"]:  # the very same failed attempt: one image is enough
                     C.remove_image(ep.snapshot)
-                    continue
-                pool_add(pool, state, ep.snapshot, step)  # a new failure of the current policy
-                added += 1
+                else:  # a new failure of the current policy
+                    pool_add(pool, state, ep.snapshot, step)
+                    added += 1
     for _, key, _, g in groups:
         pool["hist"].setdefault(key, []).append(sum(ep.reward >= 1.0 for ep in g) / len(g))
     return groups, dict(stats), added
 
 
-# ════════════════════════════════════════════════════════════════════════════
-# training
-# ════════════════════════════════════════════════════════════════════════════
-
-
-def micro_batches(rows: list[dict], micro_tokens: int, world: int) -> list[list[dict]]:
-    """Rows sorted by length, cut into micro-batches of ≤ micro_tokens padded tokens, padded with
-    empty (mask 0) batches to a multiple of the world size so every rank runs the same count."""
-    rows = sorted(rows, key=lambda r: len(r["trace"]))
-    out, cur = [], []
-    for r in rows:
-        if cur and len(r["trace"]) * (len(cur) + 1) > micro_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(r)
-    out += [cur] if cur else []
-    while len(out) % world:
-        t = out[0][0]["trace"]
-        out.append([{"trace": C.TokenTrace(t.ids[:8], t.logprobs[:8], [0] * len(t.ids[:8])), "adv": 0.0}])
-    return out
-
-
-def train_on_batch(model, optimizer, rows: list[dict], cfg: Config, device, pad_id: int,
-                   ref_model=None, rank: int = 0, world: int = 1) -> dict:
-    """cfg.updates optimizer steps over `rows` ({"trace": TokenTrace, "adv": float}); every rank
-    passes the same rows. π_old = this model's logprobs before the first update."""
-    rng = random.Random(len(rows))
-    order = list(range(len(rows)))
-    rng.shuffle(order)
-    minis = [[rows[i] for i in order[k::cfg.updates]] for k in range(cfg.updates)]
-    minis = [micro_batches(m, cfg.micro_tokens, world) for m in minis if m]
-    mine = [[mb for i, mb in enumerate(m) if i % world == rank] for m in minis]
-    batches = [[C.collate([r["trace"] for r in mb], pad_id) | {"adv": torch.tensor([r["adv"] for r in mb])}
-                for mb in m] for m in mine]
-    if cfg.updates > 1:  # later minibatches are off-policy: keep π_old from before any update
-        with torch.no_grad():
-            for b in (b for m in batches for b in m):
-                b["old"] = C.token_logprobs(model, _to(b, device)).cpu()
-    if ref_model is not None:
-        with torch.no_grad():
-            for b in (b for m in batches for b in m):
-                b["ref"] = C.token_logprobs(ref_model, _to(b, device)).cpu()
-    acc = collections.Counter()
-    for m, mb_rows in zip(batches, minis, strict=True):
-        n_tok = sum(sum(r["trace"].mask) for mb in mb_rows for r in mb)
-        for b in m:
-            b = _to(b, device)
-            mask = b["loss_mask"].bool()
-            logp = C.token_logprobs(model, b)
-            old = b["old"] if "old" in b else logp.detach()
-            w = truncated_is_weight(old, b["logprobs"], cfg.is_cap) if cfg.is_cap > 0 else None
-            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w)
-            if ref_model is not None:
-                kl = torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / mask.sum().clamp(min=1)
-                loss = loss + cfg.kl_beta * kl
-            n = mask.sum().item()
-            # Σ_batch mask·ℓ / Σ_batch mask over all micro-batches; × world because FSDP averages ranks
-            (loss * n / max(n_tok, 1) * world).backward()
-            with torch.no_grad():
-                ratio = torch.exp(logp - old)
-                adv = b["adv"][:, None].expand_as(ratio)
-                clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
-                stats = {"clipped": clipped, "kl": k3_kl(logp, old), "neg_logp": -old,
-                         "mismatch": k3_kl(b["logprobs"], old), "is_w": ratio if w is None else w}
-                for k, v in stats.items():
-                    acc[k] += torch.where(mask, v.float(), 0.0).sum().item()
-                acc["loss"] += loss.item() * n
-                acc["tokens"] += n
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-        acc["grad_norm"] += float(gnorm) / len(batches)
-    tot = {k: C.all_reduce_sum(acc[k]) for k in ("clipped", "kl", "neg_logp", "mismatch", "is_w", "loss",
-                                                  "tokens")}
-    n = max(tot["tokens"], 1)
-    return {"loss": tot["loss"] / n, "clip_frac": tot["clipped"] / n, "approx_kl": tot["kl"] / n,
-            "entropy": tot["neg_logp"] / n, "mismatch_kl": tot["mismatch"] / n, "is_weight": tot["is_w"] / n,
-            "grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
-
-
-def _to(b: dict, device) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-
-
-def push_weights(model, engine) -> None:
-    """Gather the full state dict (a collective: every rank calls) and load it into rank 0's engine."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if engine is not None:
-        engine.update_weights(sd.items())
-
-
 def group_rows(groups: list, use_std: bool) -> list[dict]:
-    """Training rows of the kept groups: each attempt's trace with its group advantage."""
     rows = []
     for _, _, _, g in groups:
         adv = group_advantages([ep.reward for ep in g], use_std)
@@ -358,9 +260,92 @@ def step_metrics(groups: list, dropped: int, pool: dict) -> dict:
             "groups": len(groups), "groups_dropped": dropped, "pool": len(pool["states"])}
 
 
-# ════════════════════════════════════════════════════════════════════════════
-# main
-# ════════════════════════════════════════════════════════════════════════════
+# ── training ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def micro_batches(rows: list[dict], micro_tokens: int, world: int) -> list[list[dict]]:
+    """Rows sorted by length, cut into micro-batches of ≤ micro_tokens padded tokens, padded with
+    empty (mask 0) batches to a multiple of the world size so every rank runs the same count."""
+    out, cur = [], []
+    for r in sorted(rows, key=lambda r: len(r["trace"])):
+        if cur and len(r["trace"]) * (len(cur) + 1) > micro_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+    out += [cur] if cur else []
+    while len(out) % world:
+        t = out[0][0]["trace"]
+        out.append([{"trace": C.TokenTrace(t.ids[:8], t.logprobs[:8], [0] * len(t.ids[:8])), "adv": 0.0}])
+    return out
+
+
+def _to(b: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+
+
+def train_on_batch(model, optimizer, rows: list[dict], cfg: Config, device, pad_id: int,
+                   ref_model=None, rank: int = 0, world: int = 1) -> dict:
+    """cfg.updates optimizer steps over `rows` ({"trace": TokenTrace, "adv": float}); every rank
+    passes the same rows. π_old = this model's logprobs before the first update."""
+    order = list(range(len(rows)))
+    random.Random(len(rows)).shuffle(order)
+    minis = [[rows[i] for i in order[k::cfg.updates]] for k in range(cfg.updates)]
+    minis = [micro_batches(m, cfg.micro_tokens, world) for m in minis if m]
+    batches = [[C.collate([r["trace"] for r in mb], pad_id) | {"adv": torch.tensor([r["adv"] for r in mb])}
+                for i, mb in enumerate(m) if i % world == rank] for m in minis]
+    with torch.no_grad():
+        for b in (b for m in batches for b in m):
+            if cfg.updates > 1:  # later minibatches are off-policy: keep π_old from before any update
+                b["old"] = C.token_logprobs(model, _to(b, device)).cpu()
+            if ref_model is not None:
+                b["ref"] = C.token_logprobs(ref_model, _to(b, device)).cpu()
+    acc = collections.Counter()
+    for m, mb_rows in zip(batches, minis, strict=True):
+        n_tok = sum(sum(r["trace"].mask) for mb in mb_rows for r in mb)
+        for b in m:
+            b = _to(b, device)
+            mask = b["loss_mask"].bool()
+            logp = C.token_logprobs(model, b)
+            old = b["old"] if "old" in b else logp.detach()
+            w = truncated_is_weight(old, b["logprobs"], cfg.is_cap) if cfg.is_cap > 0 else None
+            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w)
+            if ref_model is not None:
+                kl = torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / mask.sum().clamp(min=1)
+                loss = loss + cfg.kl_beta * kl
+            n = mask.sum().item()
+            # Σ_batch mask·ℓ / Σ_batch mask over all micro-batches; × world because FSDP averages ranks
+            (loss * n / max(n_tok, 1) * world).backward()
+            with torch.no_grad():
+                ratio = torch.exp(logp - old)
+                adv = b["adv"][:, None].expand_as(ratio)
+                clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
+                stats = {"clip_frac": clipped, "approx_kl": k3_kl(logp, old), "entropy": -old,
+                         "mismatch_kl": k3_kl(b["logprobs"], old), "is_weight": ratio if w is None else w}
+                for k, v in stats.items():
+                    acc[k] += torch.where(mask, v.float(), 0.0).sum().item()
+                acc["loss"] += loss.item() * n
+                acc["tokens"] += n
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+        acc["grad_norm"] += float(gnorm) / len(batches)
+    keys = ("loss", "clip_frac", "approx_kl", "entropy", "mismatch_kl", "is_weight")
+    tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
+    n = max(tot["tokens"], 1)
+    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
+
+
+def push_weights(model, engine) -> None:
+    """Gather the full state dict (a collective: every rank calls) and load it into rank 0's engine."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if engine is not None:
+        engine.update_weights(sd.items())
+
+
+# ── main ──────────────────────────────────────────────────────────────────────────────────────────
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -379,15 +364,12 @@ def main(argv: list[str] | None = None) -> Path:
     gpu = device.type == "cuda"
     if world > 1:
         C.shard_model(model, mixed_precision=gpu)
-    ref = None
-    if cfg.kl_beta > 0:
-        ref = C.load_model(cfg.model).to(device).eval().requires_grad_(False)
-        if world > 1:
-            C.shard_model(ref, mixed_precision=gpu)
+    ref = C.load_model(cfg.model).to(device).eval().requires_grad_(False) if cfg.kl_beta > 0 else None
+    if ref is not None and world > 1:
+        C.shard_model(ref, mixed_precision=gpu)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
     extra = C.load_checkpoint(out / "ckpt", model, opt)
-    start = extra["step"] if extra else 0
-    env_total = extra["env_steps"] if extra else 0
+    start, env_total = (extra["step"], extra["env_steps"]) if extra else (0, 0)
     engine = pool = None
     tasks = {t.name: t for t in C.load_tasks(cfg.tasks)}
     with C.env_session():
@@ -396,15 +378,14 @@ def main(argv: list[str] | None = None) -> Path:
             _gc_orphans(out, pool)
             C.log0(f"{cfg.mode}: pool {len(pool['states'])} states, {len(tasks)} tasks, B={cfg.batch_states} "
                    f"G={cfg.group_size}, " + (f"resumed after step {start}" if extra else "from scratch"))
-            kw = {}
-            if cfg.engine == "vllm":
-                kw = {"max_model_len": cfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
-                      cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
-                      "in_process": world == 1}
+            kw = {"max_model_len": cfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
+                  cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
+                  "in_process": world == 1} if cfg.engine == "vllm" else {}
             engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
             sampling = C.SamplingConfig(cfg.temperature, 1.0, cfg.max_tokens)  # the engine is seeded
             rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, cfg.command_timeout,
                                    cfg.timeout_multiplier, cfg.concurrency, sampling)
+        sleeps = isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep  # rank 0 only: it owns the engine
         if extra:
             push_weights(model, engine)  # the engine starts from the checkpoint's weights
         done = saved = start
@@ -421,7 +402,7 @@ def main(argv: list[str] | None = None) -> Path:
                 keep_ids = {id(g) for g in kept}
                 row = step_metrics(groups, dropped, pool) | {"added": added, **stats}
                 msg = [(group_rows([x for x in groups if id(x[3]) in keep_ids], cfg.adv_std), row)]
-                if isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep:
+                if sleeps:
                     engine.llm.sleep(level=1)
             if world > 1:
                 torch.distributed.broadcast_object_list(msg, src=0)
@@ -430,18 +411,16 @@ def main(argv: list[str] | None = None) -> Path:
             if rows:
                 model.train()
                 row |= train_on_batch(model, opt, rows, cfg, device, tok.pad_token_id, ref, rank, world)
-            if isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep:
+            if sleeps:
                 engine.llm.wake_up()
             push_weights(model, engine)
             t2 = time.monotonic()
             env_total += row.get("env_steps", 0)
             n_tok = row.get("gen_tokens", 0) + row.get("train_tokens", 0)
             row |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
-                    "tokens_per_s": round(n_tok / (t2 - t0)),
-                    "env_steps_total": env_total}
+                    "tokens_per_s": round(n_tok / (t2 - t0)), "env_steps_total": env_total}
             if rank == 0:
-                row["retired"] = len(pool_prune(pool, cfg))
-                row["pool"] = len(pool["states"])
+                row |= {"retired": len(pool_prune(pool, cfg)), "pool": len(pool["states"])}
                 C.append_jsonl(out / "metrics.jsonl", row)
                 _write_live(out, pool)
                 rec = "-" if row["recovery"] is None else f"{row['recovery']:.3f}"
@@ -450,44 +429,20 @@ def main(argv: list[str] | None = None) -> Path:
                 C.log0(f"step {step:4d} | reward {row['reward']:.3f} | recovery {rec} | dropped "
                        f"{row['groups_dropped']}/{row['groups']} | {fit} | {row['tokens_per_s']:.0f} tok/s | "
                        f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']}")
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
-                                                             "pool": pool})
+            if step % cfg.save_every == 0:
+                C.save_checkpoint(out / "ckpt", model, opt,
+                                  {"step": step, "env_steps": env_total, "pool": pool})
                 saved = step
-        if done > saved:  # stopped early by the environment-step budget
+        if done > saved:  # the last step, or the one the environment-step budget stopped at
             C.save_checkpoint(out / "ckpt", model, opt, {"step": done, "env_steps": env_total, "pool": pool})
         final = C.export_hf(model, tok, out / "final")
         if rank == 0 and not cfg.keep_pool:
-            for s in list(pool["states"].values()):
+            for s in pool["states"].values():
                 C.remove_image(s["state"]["snapshot"])
     C.log0(f"saved {final}")
     if world > 1:
         C.teardown_distributed()
     return final
-
-
-def _write_live(out: Path, pool: dict) -> None:
-    """Every image the pool owns right now: on resume, images owned after the checkpoint was
-    written (fresh failures of the lost steps) are found here and removed."""
-    images = sorted(s["state"]["snapshot"] for s in pool["states"].values())
-    (out / "pool_live.json").write_text(json.dumps(images))
-
-
-def _gc_orphans(out: Path, pool: dict) -> None:
-    """On (re)start: remove images no state owns; drop states whose image is gone (a finished
-    run removes them unless --keep-pool)."""
-    live = out / "pool_live.json"
-    owned = {s["state"]["snapshot"] for s in pool["states"].values()}
-    if live.exists():
-        for image in set(json.loads(live.read_text())) - owned:
-            C.remove_image(image)
-    client = C.docker_client()
-    for sid, s in list(pool["states"].items()):
-        try:
-            client.images.get(s["state"]["snapshot"])
-        except Exception:
-            del pool["states"][sid]
-    _write_live(out, pool)
 
 
 if __name__ == "__main__":
