@@ -602,8 +602,9 @@ def remove_image(tag: str) -> None:
         pass  # already gone
 
 
-def reap(run_id: str | None = RUN_ID, snapshots: bool = True) -> tuple[int, int]:
-    """Remove containers (and unkept snapshot images) of one run, or of every run if None."""
+def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False) -> tuple[int, int]:
+    """Remove containers (and unkept snapshot images) of one run, or of every run if None;
+    kept=True also removes the snapshots failure records still refer to."""
     client = docker_client()
     run = [f"reterm.run={run_id}"] if run_id else []
     containers = client.containers.list(all=True, filters={"label": [LABEL, *run]})
@@ -614,7 +615,8 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True) -> tuple[int, int]
             pass
     images = []
     if snapshots:
-        images = client.images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=0", *run]})
+        keep = [] if kept else ["reterm.keep=0"]
+        images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]})
     for im in images:
         remove_image(im.id)
     return len(containers), len(images)
@@ -1695,7 +1697,9 @@ def _cli(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python common.py", description="ReTerm helpers")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("docker-up", help="start the Docker engine and seed the base image if needed")
-    sub.add_parser("reap", help="remove every container and unkept snapshot image labelled reterm")
+    reap_p = sub.add_parser("reap", help="remove every container and unkept snapshot image labelled reterm")
+    reap_p.add_argument("--kept", action="store_true",
+                        help="also remove kept failure-state snapshots (their records become unusable)")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -1704,7 +1708,7 @@ def _cli(argv: list[str]) -> None:
         docker_up()
         print(f"docker ready; base image {BASE_IMAGE} present")
     elif args.cmd == "reap":
-        n, m = reap(run_id=None)
+        n, m = reap(run_id=None, kept=args.kept)
         print(f"removed {n} containers and {m} snapshot images")
     elif args.cmd == "tiny-model":
         print(make_tiny_model(args.out, arch=args.arch))

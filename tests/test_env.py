@@ -163,3 +163,13 @@ def test_docker_unreachable_is_one_clear_error(monkeypatch):
     with pytest.raises(C.EnvError, match="Docker engine unreachable.*docker-up"):
         C.docker_client()
     monkeypatch.setattr(C, "_client", None)
+
+
+def test_reap_keeps_failure_snapshots_unless_asked(env):
+    kept, scratch = env.snapshot(keep=True), env.snapshot()
+    images = C.docker_client().images
+    C.reap(C.RUN_ID)
+    assert images.list(filters={"reference": kept})
+    assert not images.list(filters={"reference": scratch})
+    C.reap(C.RUN_ID, kept=True)
+    assert not images.list(filters={"reference": kept})
