@@ -119,6 +119,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     with C.env_session():
         for lo in range(0, len(todo), cfg.batch):
             chunk = todo[lo: lo + cfg.batch]
+            rcfg.sampling.seed = cfg.seed + lo  # attempt j of the run samples with seed + j
             # One batched rollout over the chunk; failed attempts keep their snapshot (keep=1).
             episodes, stats = C.run_attempts([t for t, _ in chunk], engine, rcfg, snapshot="failed")
             for (task, k), ep in zip(chunk, episodes, strict=True):

@@ -77,6 +77,7 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int]], out: Path) -> None:
     bar = tqdm(total=len(todo), desc="eval[policy]")
     for lo in range(0, len(todo), cfg.concurrency):
         chunk = todo[lo:lo + cfg.concurrency]
+        rcfg.sampling.seed = cfg.seed + lo  # trial j of the run samples with seed + j
         episodes, _ = C.run_attempts([t for t, _ in chunk], engine, rcfg,
                                      "failed" if cfg.recovery else "none", cfg.allow_internet)
         failed = [(ep, k) for ep, (_, k) in zip(episodes, chunk, strict=True) if ep.reward < 1.0]
