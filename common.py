@@ -1,9 +1,5 @@
-"""Shared code for the five ReTerm stages.
-
-Sections (in order): config · logging · tasks · docker env · agent protocol ·
-tokens & masks · models · policy engines · rollout.  Everything here is used by
-at least two stages; code used by one stage lives in that stage's file.
-"""
+"""Shared code for the five ReTerm stages, one banner-commented section per concern. Everything
+here is used by at least two stages; code used by one stage lives in that stage's file."""
 
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 import tomllib
@@ -30,7 +27,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -43,34 +40,24 @@ LABEL = "reterm"  # every container and snapshot image we create carries this la
 # ════════════════════════════════════════════════════════════════════════════
 
 
-def _field_comments(cls: type) -> dict[str, str]:
-    """Map field name -> its trailing `# comment` in the dataclass source (used as --help)."""
+def parse_config(cls: type, argv: list[str] | None = None) -> Any:
+    """Turn a @dataclass into kebab-case argparse flags; each field's trailing `# comment` is its --help."""
+    parser = argparse.ArgumentParser(description=(cls.__doc__ or "").strip(),
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     try:
         src = inspect.getsource(cls)
     except (OSError, TypeError):
-        return {}
+        src = ""
     pat = re.compile(r"^\s+(\w+)\s*:[^#\n]*#\s*(.+)$")
-    return {m.group(1): m.group(2).strip() for m in map(pat.match, src.splitlines()) if m}
-
-
-def parse_config(cls: type, argv: list[str] | None = None) -> Any:
-    """Turn a @dataclass whose fields carry one-line comments into kebab-case argparse flags."""
-    parser = argparse.ArgumentParser(
-        description=(cls.__doc__ or "").strip(),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    helps = _field_comments(cls)
+    helps = {m.group(1): m.group(2).strip() for m in map(pat.match, src.splitlines()) if m}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
         tp = hints[f.name]
-        args = typing.get_args(tp)
-        optional = type(None) in args
-        if optional:
-            tp = next(a for a in args if a is not type(None))
+        if type(None) in typing.get_args(tp):  # X | None -> X
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
         kw: dict[str, Any] = {"default": default, "help": helps.get(f.name, " ")}
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
@@ -80,7 +67,7 @@ def parse_config(cls: type, argv: list[str] | None = None) -> Any:
             kw["type"] = tp
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             kw["required"] = True
-        parser.add_argument(flag, **kw)
+        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
     return cls(**vars(parser.parse_args(argv)))
 
 
@@ -105,10 +92,8 @@ def append_jsonl(path: str | Path, row: dict) -> None:
 def read_jsonl(path: str | Path) -> list[dict]:
     """Read a JSONL file; a torn last line (a run killed mid-write) is ignored."""
     path = Path(path)
-    if not path.exists():
-        return []
+    lines = path.read_text().splitlines() if path.exists() else []
     rows = []
-    lines = path.read_text().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -138,7 +123,6 @@ def is_rank0() -> bool:
 
 
 def log0(*args: Any) -> None:
-    """print() on rank 0 only."""
     if is_rank0():
         print(*args, flush=True)
 
@@ -208,10 +192,9 @@ _KNOWN = {
 def load_task(path: str | Path) -> Task:
     """Read one Harbor task folder; raise TaskError naming the file and the problem."""
     path = Path(path)
-    toml_path = path / "task.toml"
+    toml_path, instr_path = path / "task.toml", path / "instruction.md"
     if not path.is_dir():
         raise TaskError(f"{path}: not a task folder")
-    instr_path = path / "instruction.md"
     if not instr_path.is_file():
         raise TaskError(f"{instr_path}: missing (every task needs an instruction)")
     instruction = instr_path.read_text().strip()
@@ -230,30 +213,18 @@ def load_task(path: str | Path) -> Task:
         unknown = {k: v for k, v in cfg.get(sec, {}).items() if k not in keys}
         if unknown:
             extra[sec] = unknown
-    if "memory_mb" in env:
-        memory_mb = _size_mb(env["memory_mb"], str(toml_path))
-    else:
-        memory_mb = _size_mb(env.get("memory", 2048), str(toml_path))
     storage = env.get("storage_mb", env.get("storage"))
     task = Task(
-        name=path.name,
-        path=path.resolve(),
-        instruction=instruction,
-        category=str(meta.get("category", "uncategorized")),
+        name=path.name, path=path.resolve(), instruction=instruction,
+        category=str(meta.get("category", "uncategorized")), tags=list(meta.get("tags", [])),
         difficulty=str(meta.get("difficulty", "unknown")),
-        tags=list(meta.get("tags", [])),
         agent_timeout_sec=float(agent.get("timeout_sec", 600.0)),
         verifier_timeout_sec=float(verifier.get("timeout_sec", 600.0)),
-        build_timeout_sec=float(env.get("build_timeout_sec", 600.0)),
-        cpus=float(env.get("cpus", 1.0)),
-        memory_mb=memory_mb,
+        build_timeout_sec=float(env.get("build_timeout_sec", 600.0)), cpus=float(env.get("cpus", 1.0)),
+        memory_mb=_size_mb(env.get("memory_mb", env.get("memory", 2048)), str(toml_path)),
         storage_mb=None if storage is None else _size_mb(storage, str(toml_path)),
-        docker_image=env.get("docker_image") or None,
-        allow_internet=bool(env.get("allow_internet", True)),
-        workdir=env.get("workdir"),
-        version=str(cfg.get("version", "1.0")),
-        extra=extra,
-    )
+        docker_image=env.get("docker_image") or None, allow_internet=bool(env.get("allow_internet", True)),
+        workdir=env.get("workdir"), version=str(cfg.get("version", "1.0")), extra=extra)
     if (task.env_dir / "docker-compose.yaml").exists() and not (task.env_dir / "Dockerfile").exists():
         raise TaskError(f"{task.env_dir / 'docker-compose.yaml'}: multi-container tasks are not supported")
     if task.docker_image is None and not (task.env_dir / "Dockerfile").is_file():
@@ -311,21 +282,17 @@ def docker_client() -> Any:
                 client = docker.from_env(timeout=7200, max_pool_size=128)
                 client.ping()
             except Exception as e:
-                raise EnvError(
-                    f"Docker engine unreachable ({os.environ.get('DOCKER_HOST', 'local socket')}: "
-                    f"{type(e).__name__}). Start it with `python common.py docker-up` "
-                    "(root on Debian) or point DOCKER_HOST at a running engine."
-                ) from None
+                raise EnvError(f"Docker engine unreachable ({os.environ.get('DOCKER_HOST', 'local socket')}: "
+                               f"{type(e).__name__}). Start it with `python common.py docker-up` "
+                               "(root on Debian) or point DOCKER_HOST at a running engine.") from None
             _client = client
         return _client
 
 
 def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) -> None:
-    """Make sure an engine answers and the base image exists; idempotent, fast when done.
-
-    As root on Debian: installs docker.io, starts dockerd, and seeds `base_image` with
-    debootstrap + `docker import` when no registry is reachable (DESIGN §4).
-    """
+    """Make sure an engine answers and the base image exists; idempotent, fast when done. As root on
+    Debian: installs docker.io, starts dockerd, and seeds `base_image` with debootstrap + `docker
+    import` when no registry is reachable (DESIGN §4)."""
     import docker
 
     try:
@@ -342,19 +309,15 @@ def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) 
             subprocess.Popen(["dockerd"], stdout=f, stderr=f, start_new_session=True)
         for _ in range(120):
             time.sleep(0.5)
-            try:
+            with suppress(Exception):
                 docker.from_env(timeout=5).ping()
                 break
-            except Exception:
-                pass
         else:
             raise EnvError("dockerd did not come up in 60 s; see /tmp/reterm-dockerd.log")
     client = docker.from_env(timeout=600)
-    try:
+    with suppress(docker.errors.ImageNotFound):
         client.images.get(base_image)
         return
-    except docker.errors.ImageNotFound:
-        pass
     try:
         log(f"pulling {base_image} ...")
         client.images.pull(base_image)
@@ -413,11 +376,9 @@ def task_image(task: Task) -> str:
     with _client_lock:
         lock = _build_locks.setdefault(tag, threading.Lock())
     with lock:
-        try:
+        with suppress(docker.errors.ImageNotFound):
             client.images.get(tag)
             return tag
-        except docker.errors.ImageNotFound:
-            pass
         try:
             client.images.build(path=str(task.env_dir), tag=tag, rm=True, forcerm=True,
                                 labels={"reterm.task": task.name}, timeout=task.build_timeout_sec)
@@ -466,13 +427,6 @@ echo "@@rc $?"
 echo "@@out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
 
 
-def _tar_dir(src: Path, arcname: str) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(src), arcname=arcname)
-    return buf.getvalue()
-
-
 def _parse_reward(out: str, timeout: float) -> Verdict:
     parts = dict(re.findall(r"^@@(\w+)[ \n]?(.*?)(?=^@@|\Z)", out, re.M | re.S))
     tail = parts.get("out", "").strip()
@@ -494,7 +448,7 @@ def _parse_reward(out: str, timeout: float) -> Verdict:
 
 
 class Env:
-    """One task container. Use as a context manager; `close()` removes the container."""
+    """One task container; `close()` (or leaving a `with` block) removes it."""
 
     def __init__(self, container: Any, task: Task, image: str):
         self.container, self.task, self.image = container, task, image
@@ -522,19 +476,18 @@ class Env:
         """Copy a host folder to `dest` (an absolute path) inside the container."""
         parent, name = os.path.split(dest.rstrip("/"))
         self.container.exec_run(["mkdir", "-p", parent or "/"])
-        self.container.put_archive(parent or "/", _tar_dir(src, name))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(src), arcname=name)
+        self.container.put_archive(parent or "/", buf.getvalue())
 
     def snapshot(self, keep: bool = False) -> str:
-        """Commit the container's filesystem to a labelled image (call before verify).
-
-        Non-strict: running processes and sockets are not preserved, only files (which
-        include the bash tool's cwd/env state)."""
-        name = re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower())
-        tag = f"reterm-snap/{name}:{uuid.uuid4().hex[:16]}"
-        repo, t = tag.split(":")
+        """Commit the container's filesystem to a labelled image (call before verify). Non-strict:
+        running processes and sockets are lost, only files (incl. the bash tool's cwd/env) persist."""
+        repo, t = "reterm-snap/" + re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower()), uuid.uuid4().hex[:16]
         labels = f"reterm.kind=snapshot reterm.keep={int(keep)} reterm.run={RUN_ID}"
         self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
-        return tag
+        return f"{repo}:{t}"
 
     def verify(self, timeout: float | None = None) -> Verdict:
         """Upload tests/ now (never earlier), run test.sh, read the reward. Never raises."""
@@ -547,10 +500,8 @@ class Env:
             return Verdict(0.0, f"verifier failed: {type(e).__name__}: {e}", "")
 
     def close(self) -> None:
-        try:
+        with suppress(Exception):  # already gone
             self.container.remove(force=True)
-        except Exception:
-            pass  # already gone
 
 
 @functools.cache
@@ -562,17 +513,14 @@ def start_env(task: Task, image: str | None = None, allow_internet: bool = False
     """Start a container for `task` (from its image, or from a snapshot image to fork)."""
     import docker
 
-    client = docker_client()
-    image = image or task_image(task)
-    ncpu = _engine_ncpu()
+    image, ncpu = image or task_image(task), _engine_ncpu()
     try:
-        c = client.containers.run(
+        c = docker_client().containers.run(
             image, ["sleep", "infinity"], detach=True, init=True,
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name},
             network_mode="bridge" if (allow_internet and task.allow_internet) else "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
-            working_dir=task.workdir,
-        )
+            working_dir=task.workdir)
     except docker.errors.APIError as e:
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
     return Env(c, task, image)
@@ -596,10 +544,8 @@ def fork(snapshot: str, task: Task, n: int) -> list[Env]:
 
 
 def remove_image(tag: str) -> None:
-    try:
+    with suppress(Exception):  # already gone
         docker_client().images.remove(tag, force=True)
-    except Exception:
-        pass  # already gone
 
 
 def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False) -> tuple[int, int]:
@@ -609,14 +555,10 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
     run = [f"reterm.run={run_id}"] if run_id else []
     containers = client.containers.list(all=True, filters={"label": [LABEL, *run]})
     for c in containers:
-        try:
+        with suppress(Exception):  # already gone
             c.remove(force=True)
-        except Exception:
-            pass
-    images = []
-    if snapshots:
-        keep = [] if kept else ["reterm.keep=0"]
-        images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]})
+    keep = [] if kept else ["reterm.keep=0"]
+    images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
     for im in images:
         remove_image(im.id)
     return len(containers), len(images)
@@ -640,9 +582,8 @@ def env_session() -> Iterator[None]:
             signal.signal(signal.SIGTERM, old)
 
 
-def run_concurrently(
-    fn: Callable[[Any], Any], items: list, concurrency: int, desc: str = ""
-) -> Iterator[tuple[Any, Any]]:
+def run_concurrently(fn: Callable[[Any], Any], items: list, concurrency: int, desc: str = ""
+                     ) -> Iterator[tuple[Any, Any]]:
     """Yield (item, result) as they complete, running `fn` on `concurrency` threads; an
     exception from fn is yielded as the result. Ctrl-C cancels pending work at once."""
     from tqdm import tqdm
@@ -670,22 +611,15 @@ SYSTEM_PROMPT = (
     "prompts; pass -y or redirect input where needed).\n"
     "- The current directory and exported environment variables persist between calls.\n"
     "- Inspect before you change things, and check your work.\n"
-    "- When the task is done, answer with a short summary and no tool call."
-)
+    "- When the task is done, answer with a short summary and no tool call.")
 
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run one non-interactive bash command in the task's Linux terminal and "
-                       "return its combined stdout/stderr and exit code.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "The command to run."}},
-            "required": ["command"],
-        },
-    },
-}
+BASH_TOOL = {"type": "function", "function": {
+    "name": "bash",
+    "description": "Run one non-interactive bash command in the task's Linux terminal and "
+                   "return its combined stdout/stderr and exit code.",
+    "parameters": {"type": "object",
+                   "properties": {"command": {"type": "string", "description": "The command to run."}},
+                   "required": ["command"]}}}
 
 _TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>(.*)</function>\Z", re.S)
@@ -721,14 +655,10 @@ def _parse_one_call(body: str) -> dict:
 
 
 def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
-    """Tool calls in a model message, as OpenAI-style dicts, plus an error for malformed output.
-
-    Accepts Qwen3.5's XML format and Hermes JSON inside `<tool_call>` tags. Any malformed call
-    (unclosed tag, bad JSON, unknown tool, no command) makes the whole message an error, so the
-    rollout answers with an error observation and the episode goes on. A message with several
-    calls yields all of them; the rollout executes only the first and says so in the observation.
-    No tool call at all -> ([], None): the model is answering, the episode ends.
-    """
+    """Tool calls (Qwen3.5 XML or Hermes JSON inside `<tool_call>` tags) as OpenAI-style dicts, plus
+    an error. Any malformed call makes the whole message an error, so the rollout answers with an
+    error observation and the episode goes on; of several calls the rollout runs only the first and
+    says so. No tool call at all -> ([], None): the model is answering, the episode ends."""
     opens, closes = text.count("<tool_call>"), text.count("</tool_call>")
     if opens != closes:
         return [], "malformed tool call: unbalanced <tool_call> / </tool_call> tags"
@@ -743,7 +673,6 @@ def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
 
 
 def initial_messages(instruction: str) -> list[dict]:
-    """The context every first attempt starts from: system prompt + the task instruction."""
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
 
 
@@ -755,8 +684,7 @@ def recovery_message(instruction: str) -> dict:
         "The environment has NOT been reset: every file, package and change from that attempt "
         "is still there. Inspect the current state, find and repair what is wrong, keep the "
         "progress that is useful, and finish the original task.\n\n"
-        f"The original task:\n{instruction}"
-    )}
+        f"The original task:\n{instruction}")}
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -773,18 +701,14 @@ _ANCHOR = [{"role": "user", "content": "\x00anchor\x00"},
 
 def _normalize(messages: list[dict]) -> list[dict]:
     """Tool-call arguments as dicts (data sets often store OpenAI's JSON strings)."""
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                f = c.get("function", c)
-                args = f.get("arguments", {})
-                args = json.loads(args) if isinstance(args, str) else args
-                calls.append({"type": "function", "function": {"name": f["name"], "arguments": args}})
-            m = {**m, "tool_calls": calls}
-        out.append(m)
-    return out
+    def call(c: dict) -> dict:
+        f = c.get("function", c)
+        args = f.get("arguments", {})
+        args = json.loads(args) if isinstance(args, str) else args
+        return {"type": "function", "function": {"name": f["name"], "arguments": args}}
+
+    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages]
 
 
 def render_text(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -811,12 +735,11 @@ def _recent(base: list[dict]) -> list[dict]:
 
 
 def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, closed: bool) -> str:
-    """Text that rendering `base + new` adds after `base`'s render.
-
-    closed=True cuts after base's final `<|im_end|>` (the sampled tokens stop there; the
-    template's trailing `\\n` belongs to the next delta); closed=False cuts after the generation
-    prompt. If the template rewrites history, base is replaced by a neutral anchor whose last
-    message we locate by content, so the delta still only depends on the new messages."""
+    """Text that rendering `base + new` adds after `base`'s render. closed=True cuts after base's final
+    `<|im_end|>` (the sampled tokens stop there; the template's trailing `\\n` belongs to the next delta);
+    closed=False cuts after the generation prompt. If the template rewrites history, base is replaced by a
+    neutral anchor whose last message we locate by content, so the delta still only depends on the new
+    messages."""
     eos = tokenizer.eos_token
     base = _recent(base)
     head = render_text(tokenizer, base, add_generation_prompt=not closed)
@@ -859,7 +782,6 @@ class TokenTrace:
 
     @classmethod
     def start(cls, tokenizer: Any, messages: list[dict]) -> TokenTrace:
-        """A trace holding the prompt for `messages`, ending with the generation prompt."""
         trace = cls()
         trace.add_context(render_ids(tokenizer, messages, add_generation_prompt=True))
         return trace
@@ -1070,9 +992,8 @@ def load_model(path: str | Path, dtype: Any = None) -> Any:
 # ════════════════════════════════════════════════════════════════════════════
 # policy engines
 # ════════════════════════════════════════════════════════════════════════════
-# One interface, two engines: generate(prompt ids) -> sampled ids + the logprob of each sampled
-# token under the distribution it was sampled from (temperature / top-p applied), and
-# update_weights(named tensors) after each optimizer step (DESIGN §6).
+# One interface, two engines (DESIGN §6): generate(prompt ids) -> Generation, and
+# update_weights(named tensors) after each optimizer step.
 
 
 @dataclasses.dataclass
@@ -1110,7 +1031,7 @@ class VLLMEngine:
             import vllm
         except ImportError:
             raise UserError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
-                              "requirements.txt (GPU), or pass --engine hf") from None
+                            "requirements.txt (GPU), or pass --engine hf") from None
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
@@ -1126,19 +1047,17 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
         from vllm import SamplingParams, TokensPrompt
 
-        seeded = sampling.seed is not None
         params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_tokens, logprobs=0, detokenize=False,
                                  stop_token_ids=[self.tokenizer.eos_token_id],
-                                 seed=sampling.seed + i if seeded else None)
+                                 seed=None if sampling.seed is None else sampling.seed + i)
                   for i in range(len(prompts))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         gens = []
-        for out in outs:
-            c = out.outputs[0]
+        for c in (out.outputs[0] for out in outs):
             ids = list(c.token_ids)
-            gens.append(Generation(ids, [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)],
-                                   "stop" if c.finish_reason == "stop" else "length"))
+            lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
+            gens.append(Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
         return gens
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -1149,8 +1068,6 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
         else:
-            import tempfile
-
             from safetensors.torch import save_file
 
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -1261,8 +1178,8 @@ def all_reduce_sum(x: float) -> float:
 
     if not dist.is_initialized():
         return float(x)
-    t = torch.tensor([float(x)], dtype=torch.float64,
-                     device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.item()
 
@@ -1304,24 +1221,22 @@ def packing_supported(model: Any) -> bool:
 
 
 def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: int | None = None) -> dict:
-    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}).
-
-    packed=False: one row per trace, right-padded to `width` (default: the longest); right padding
-    leaves the linear-attention scan over real tokens untouched. packed=True: all traces in ONE row
-    of `width` tokens, position ids restarting at 0 per trace, attention_mask None (so transformers
-    masks across traces), cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids,
-    attention_mask, loss_mask, logprobs (the traces' sampling logprobs), row (trace index per
-    token, -1 on padding), cu_seqlens, seq_idx, max_len (None unless packed)."""
+    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}). packed=False: one row
+    per trace, right-padded to `width` (default: the longest); right padding leaves the linear-attention
+    scan over real tokens untouched. packed=True: all traces in ONE row of `width` tokens, position ids
+    restarting at 0 per trace, attention_mask None (so transformers masks across traces),
+    cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids, attention_mask, loss_mask,
+    logprobs (the traces' sampling logprobs), row (trace index per token, -1 on padding), cu_seqlens,
+    seq_idx, max_len (None unless packed)."""
     import torch
 
     lens = [len(t) for t in traces]
     groups = [list(range(len(traces)))] if packed else [[i] for i in range(len(traces))]
     width = width or max(sum(lens[i] for i in g) for g in groups)
-    ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
-    pos = torch.zeros((len(groups), width), dtype=torch.long)
-    mask = torch.zeros((len(groups), width), dtype=torch.long)
-    logp = torch.zeros((len(groups), width), dtype=torch.float32)
-    row = torch.full((len(groups), width), -1, dtype=torch.long)
+    shape = (len(groups), width)
+    ids, row = torch.full(shape, pad_id, dtype=torch.long), torch.full(shape, -1, dtype=torch.long)
+    pos, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
+    logp = torch.zeros(shape, dtype=torch.float32)
     for b, g in enumerate(groups):
         at = 0
         for i in g:
@@ -1348,12 +1263,11 @@ def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: 
 
 
 def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
-    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in
-    some row; 0 elsewhere (callers multiply by the mask). Differentiable.
-
-    The lm_head runs only at positions predicting a trained token (logits_to_keep takes an index
-    tensor): a 32k context with a 248k vocabulary would otherwise materialise tens of GB of logits.
-    The fp32 log-softmax runs chunk by chunk under activation checkpointing for the same reason."""
+    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
+    0 elsewhere (callers multiply by the mask). Differentiable. The lm_head runs only at positions
+    predicting a trained token (logits_to_keep takes an index tensor): a 32k context with a 248k
+    vocabulary would otherwise materialise tens of GB of logits. The fp32 log-softmax runs chunk by chunk
+    under activation checkpointing for the same reason."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -1598,10 +1512,9 @@ def rollout(envs: list[Env], episodes: list[Episode], engine: Any, cfg: RolloutC
             stats["gen_s"] += time.monotonic() - t
             stats["gen_tokens"] += sum(len(g.ids) for g in gens)
             t = time.monotonic()
-            jobs = [pool.submit(_act, episodes[i], envs[i], g, tok, cfg, t0[id(episodes[i])])
-                    for i, g in zip(fits, gens, strict=True)]
-            for j in jobs:
-                j.result()
+            for job in [pool.submit(_act, episodes[i], envs[i], g, tok, cfg, t0[id(episodes[i])])
+                        for i, g in zip(fits, gens, strict=True)]:
+                job.result()  # re-raises an exception from _act
             stats["env_s"] += time.monotonic() - t
             stats["env_steps"] += len(fits)
             live = []
@@ -1640,11 +1553,9 @@ def _finish(pair: tuple[Episode, Env], snapshot: str, cfg: RolloutConfig) -> Non
 
 def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
                  snapshot: str = "none", allow_internet: bool = False) -> dict:
-    """Start a container per episode (a task image or a snapshot to fork), roll out, snapshot
-    (before the verifier touches anything), verify, classify failures, close the containers.
-
-    snapshot: "none" | "failed" (kept images of failed attempts; others removed) | "all".
-    Runs in chunks of cfg.concurrency containers. Returns merged rollout stats."""
+    """Start a container per episode (a task image or a snapshot to fork), roll out, _finish each,
+    close the containers; in chunks of cfg.concurrency containers. Returns merged rollout stats.
+    snapshot: "none" | "failed" (kept images of failed attempts; others removed) | "all"."""
     stats: dict = {}
     for lo in range(0, len(episodes), max(1, cfg.concurrency)):
         chunk = list(range(lo, min(lo + cfg.concurrency, len(episodes))))
@@ -1658,7 +1569,6 @@ def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any,
             part = rollout([started[i] for i in chunk], [episodes[i] for i in chunk], engine, cfg)
             for k, v in part.items():
                 stats[k] = stats.get(k, 0) + v
-
             pairs = [(episodes[i], started[i]) for i in chunk]
             for _, err in run_concurrently(functools.partial(_finish, snapshot=snapshot, cfg=cfg),
                                            pairs, len(pairs)):
