@@ -553,10 +553,12 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
     kept=True also removes the snapshots failure records still refer to."""
     client = docker_client()
     run = [f"reterm.run={run_id}"] if run_id else []
-    containers = client.containers.list(all=True, filters={"label": [LABEL, *run]})
-    for c in containers:
+    # Ids from the low-level API: the high-level list re-fetches each container and raises if a
+    # worker thread removes one meanwhile, which would abort cleanup half-way (seen on Ctrl-C).
+    containers = [c["Id"] for c in client.api.containers(all=True, filters={"label": [LABEL, *run]})]
+    for cid in containers:
         with suppress(Exception):  # already gone
-            c.remove(force=True)
+            client.api.remove_container(cid, force=True)
     keep = [] if kept else ["reterm.keep=0"]
     images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
     for im in images:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("docker_ready")
 
 def labelled(**labels: str) -> list:
     filters = {"label": [C.LABEL, *[f"{k}={v}" for k, v in labels.items()]]}
-    return C.docker_client().containers.list(all=True, filters=filters)
+    return C.docker_client().containers.list(all=True, filters=filters, ignore_removed=True)
 
 
 @pytest.fixture
