@@ -4,6 +4,7 @@ here is used by at least two stages; code used by one stage lives in that stage'
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import functools
@@ -26,7 +27,7 @@ import tomllib
 import typing
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -1045,22 +1046,50 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
                             seed=seed, enforce_eager=not on_gpu, distributed_executor_backend="uni",
                             logprobs_mode="processed_logprobs", **kw, **llm_kw)
+        self._request_ids = itertools.count()
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        from vllm import SamplingParams, TokensPrompt
+    def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
-        params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_tokens, logprobs=0, detokenize=False,
-                                 stop_token_ids=[self.tokenizer.eos_token_id],
-                                 seed=None if sampling.seed is None else sampling.seed + i)
-                  for i in range(len(prompts))]
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=seed,
+                              stop_token_ids=[self.tokenizer.eos_token_id],
+                              output_kind=RequestOutputKind.FINAL_ONLY)
+
+    @staticmethod
+    def _generation(c: Any) -> Generation:
+        ids = list(c.token_ids)
+        lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
+        return Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int | None] | None = None) -> list[Generation]:
+        """One batch; prompt i samples with seeds[i] (default: sampling.seed + i)."""
+        from vllm import TokensPrompt
+
+        if seeds is None:
+            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
+        params = [self._params(sampling, s) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        gens = []
-        for c in (out.outputs[0] for out in outs):
-            ids = list(c.token_ids)
-            lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
-            gens.append(Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length"))
-        return gens
+        return [self._generation(out.outputs[0]) for out in outs]
+
+    # Request-level API for continuous batching (EngineQueue): a request joins the running batch
+    # at the next step and leaves it as soon as it finishes.
+    def add_request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> str:
+        from vllm import TokensPrompt
+
+        rid = f"reterm-{next(self._request_ids)}"
+        params = self._params(sampling, seed)
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        return rid
+
+    def step(self) -> list[tuple[str, Generation]]:
+        outs = self.llm.llm_engine.step()
+        return [(o.request_id, self._generation(o.outputs[0])) for o in outs if o.finished]
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(request_ids)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed
@@ -1093,9 +1122,13 @@ class HFEngine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device).eval()
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int | None] | None = None) -> list[Generation]:
+        """One batch. transformers draws a batch from one generator: seeds[0] (default
+        sampling.seed) seeds it, so results depend on how requests were batched."""
         import torch
 
+        seed = seeds[0] if seeds else sampling.seed
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
@@ -1104,8 +1137,8 @@ class HFEngine:
         sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
                                        "top_k": 0}  # top_k=0: ignore a checkpoint's generation_config
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
+            if seed is not None:
+                torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_tokens,
                                       do_sample=not greedy, eos_token_id=eos, pad_token_id=pad,
                                       output_scores=True, return_dict_in_generate=True, **sample_kw)
@@ -1357,8 +1390,14 @@ def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None
 # ════════════════════════════════════════════════════════════════════════════
 # rollout
 # ════════════════════════════════════════════════════════════════════════════
-# Many episodes step together: one engine call per turn for every live episode (the batch is
-# what makes vLLM fast), their commands run on a thread pool (containers are independent).
+# Every episode runs on its own clock. A RolloutPool has `concurrency` container slots; a slot's
+# thread starts its episode's container, loops generate -> run the command -> observe until the
+# episode ends, snapshots and verifies, and takes the next queued episode at once. Generation
+# requests go to one engine thread (EngineQueue) that serves whatever is pending together:
+# with vLLM, requests join and leave the running batch at every decoding step (continuous
+# batching); other engines get everything that queued while their previous batch ran. So no
+# episode waits for another's command, nor for a chunk of episodes to be verified: the
+# straggler problem of lockstep batches, where every turn waits for the slowest container.
 # An attempt's trace always ends right after an assistant turn's <|im_end|>; observations
 # that arrived after it (e.g. the last command at max turns) stay in `messages` only and
 # enter the tokens as part of the next delta (the recovery message).
@@ -1395,7 +1434,7 @@ class RolloutConfig:
     max_context: int = 32768  # tokens; an attempt whose next turn would not fit ends
     command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
     timeout_multiplier: float = 1.0  # scales task.toml's agent/verifier timeouts
-    concurrency: int = 16  # containers stepped at once
+    concurrency: int = 16  # container slots: episodes alive at once
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
 
 
@@ -1406,20 +1445,23 @@ class Episode:
     trace: TokenTrace  # mask = 1 only on tokens sampled in this attempt
     attempt_from: int = 2  # messages[:attempt_from] are context (system+task, or failed attempt+recovery)
     parent: str | None = None  # id of the failure state this attempt recovers from
+    seed: int | None = None  # sampling seed of this attempt (turn t samples with a seed derived from it)
     turns: int = 0
     end: str = ""  # answered | max_turns | context_full | timeout | error
     commands: list[dict] = dataclasses.field(default_factory=list)
     malformed: int = 0
     reward: float = 0.0
     verify_error: str | None = None
+    error: str | None = None  # the environment failed (container start, exec, snapshot): reward 0
     snapshot: str | None = None  # committed before verification, if asked for
-    category: str | None = None  # classify_failure() when reward < 1
-    seconds: float = 0.0
+    category: str | None = None  # classify_failure() when reward < 1 (None for an error)
+    seconds: float = 0.0  # wall time from asking for a container to its removal
+    queue_s: float = 0.0  # time queued behind other requests for the engine (not charged to the agent)
 
     def record(self) -> dict:
         """JSON-able: what stages write to disk (trajectories, failure records)."""
-        keys = ("parent", "turns", "end", "commands", "malformed", "reward", "verify_error",
-                "snapshot", "category", "seconds", "attempt_from", "messages")
+        keys = ("parent", "seed", "turns", "end", "commands", "malformed", "reward", "verify_error",
+                "error", "snapshot", "category", "seconds", "queue_s", "attempt_from", "messages")
         return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
                 "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
 
@@ -1443,12 +1485,13 @@ class FailureState:
                    ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy)
 
 
-def first_attempt(task: Task, tokenizer: Any) -> Episode:
+def first_attempt(task: Task, tokenizer: Any, seed: int | None = None) -> Episode:
     messages = initial_messages(task.instruction)
-    return Episode(task, messages, TokenTrace.start(tokenizer, messages), attempt_from=len(messages))
+    trace = TokenTrace.start(tokenizer, messages)
+    return Episode(task, messages, trace, attempt_from=len(messages), seed=seed)
 
 
-def recovery_attempt(task: Task, state: FailureState, tokenizer: Any) -> Episode:
+def recovery_attempt(task: Task, state: FailureState, tokenizer: Any, seed: int | None = None) -> Episode:
     """Context = the failed attempt's exact tokens + (late observations and) the recovery
     message as one delta; nothing of the failed attempt is trained on (mask 0)."""
     last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
@@ -1457,7 +1500,7 @@ def recovery_attempt(task: Task, state: FailureState, tokenizer: Any) -> Episode
     trace.add_context(list(state.ids))
     trace.add_context(delta_ids(tokenizer, state.messages[: last + 1], pending))
     messages = state.messages[: last + 1] + pending
-    return Episode(task, messages, trace, attempt_from=len(messages), parent=state.id)
+    return Episode(task, messages, trace, attempt_from=len(messages), parent=state.id, seed=seed)
 
 
 def format_observation(res: CmdResult, note: str = "") -> str:
@@ -1466,8 +1509,10 @@ def format_observation(res: CmdResult, note: str = "") -> str:
     return f"{res.output}{'' if res.output.endswith(chr(10)) or not res.output else chr(10)}{tail}{note}"
 
 
-def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutConfig, t0: float) -> None:
-    """Record one sampled turn and, if it calls the tool, run the command and add the observation."""
+def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutConfig, time_left: float
+         ) -> float:
+    """Record one sampled turn and, if it calls the tool, run the command (within the agent's
+    time left) and add the observation. Returns the command's seconds (0 without one)."""
     ids = list(gen.ids)
     ep.trace.add_sampled(ids, gen.logprobs, trained=True)
     if gen.finish_reason != "stop":  # cut by max_tokens: close the turn (not sampled, mask 0)
@@ -1479,69 +1524,211 @@ def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutCon
         ep.messages.append({"role": "assistant", "content": text})
         if not error:
             ep.end = "answered"
-            return
+            return 0.0
         ep.malformed += 1
         ep.messages.append({"role": "user", "content": f"ERROR: {error}. Call the bash tool in the "
                             "format shown in the system prompt, or answer without a tool call if done."})
-        return
+        return 0.0
     content = text[: text.index("<tool_call>")].strip()
     ep.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
     command = calls[0]["function"]["arguments"]["command"]
-    left = ep.task.agent_timeout_sec * cfg.timeout_multiplier - (time.monotonic() - t0)
-    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, left)))
+    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, time_left)))
     ep.commands.append({"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out,
                         "seconds": round(res.seconds, 3)})
     note = f"\n[only the first of {len(calls)} tool calls was run]" if len(calls) > 1 else ""
     ep.messages.append({"role": "tool", "content": format_observation(res, note)})
+    return res.seconds
 
 
-def rollout(envs: list[Env], episodes: list[Episode], engine: Any, cfg: RolloutConfig) -> dict:
-    """Step all episodes until each ends; returns timing stats (generation vs environment)."""
-    tok = engine.tokenizer
-    t0 = {id(ep): time.monotonic() for ep in episodes}
-    stats = {"gen_s": 0.0, "env_s": 0.0, "env_steps": 0, "gen_tokens": 0}
-    live = list(range(len(episodes)))
-    pool = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency))
-    try:
-        while live:
-            fits = [i for i in live if len(episodes[i].trace) + cfg.sampling.max_tokens <= cfg.max_context]
-            for i in set(live) - set(fits):
-                episodes[i].end = "context_full"
-            if not fits:
-                break
-            t = time.monotonic()
-            gens = engine.generate([episodes[i].trace.ids for i in fits], cfg.sampling)
-            stats["gen_s"] += time.monotonic() - t
-            stats["gen_tokens"] += sum(len(g.ids) for g in gens)
-            t = time.monotonic()
-            for job in [pool.submit(_act, episodes[i], envs[i], g, tok, cfg, t0[id(episodes[i])])
-                        for i, g in zip(fits, gens, strict=True)]:
-                job.result()  # re-raises an exception from _act
-            stats["env_s"] += time.monotonic() - t
-            stats["env_steps"] += len(fits)
-            live = []
-            for i in fits:
-                ep = episodes[i]
-                if ep.end:
-                    continue
-                if ep.turns >= cfg.max_turns:
-                    ep.end = "max_turns"
-                elif time.monotonic() - t0[id(ep)] > ep.task.agent_timeout_sec * cfg.timeout_multiplier:
-                    ep.end = "timeout"
+class EngineClosed(RuntimeError):
+    """The rollout pool was shut down (Ctrl-C, an engine failure) while an episode waited on it."""
+
+
+def _turn_seed(seed: int | None, turn: int) -> int | None:
+    """A request's seed from its episode's seed and turn: the same tokens whatever the batch."""
+    return None if seed is None else (seed * 1_000_003 + turn) % 2**31
+
+
+class EngineQueue:
+    """One thread owns the engine and serves the generation requests of every episode thread:
+    continuous batching where the engine steps request by request (VLLMEngine.add_request /
+    step), else one `generate` call over whatever queued while the last one ran."""
+
+    def __init__(self, engine: Any, sampling: SamplingConfig):
+        self.engine, self.sampling, self.busy_s = engine, sampling, 0.0
+        self.cond = threading.Condition()
+        self.pending: list[tuple[list[int], int | None, Future]] = []
+        self.closed: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, name="reterm-engine", daemon=True)
+        self.thread.start()
+
+    def generate(self, prompt: list[int], seed: int | None) -> tuple[Generation, float]:
+        """Block until this prompt's generation is done; returns it and the seconds it queued."""
+        fut: Future = Future()
+        t = time.monotonic()
+        with self.cond:
+            if self.closed is not None:
+                raise EngineClosed(f"the engine stopped: {self.closed}")
+            self.pending.append((prompt, seed, fut))
+            self.cond.notify()
+        gen, started = fut.result()
+        return gen, max(0.0, started - t)
+
+    def _serve(self) -> None:
+        stream = hasattr(self.engine, "add_request")
+        inflight: dict[str, tuple[Future, float]] = {}
+        failure: BaseException = EngineClosed("the rollout pool was closed")
+        try:
+            while True:
+                with self.cond:
+                    while not self.pending and not inflight and self.closed is None:
+                        self.cond.wait()
+                    if self.closed is not None:
+                        break
+                    new, self.pending = self.pending, []
+                t = time.monotonic()
+                if stream:
+                    for prompt, seed, fut in new:
+                        inflight[self.engine.add_request(prompt, self.sampling, seed)] = (fut, t)
+                    for rid, gen in self.engine.step():
+                        fut, started = inflight.pop(rid)
+                        fut.set_result((gen, started))
                 else:
-                    last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
-                    ep.trace.add_context(delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
-                    live.append(i)
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    for ep in episodes:
-        ep.seconds = round(time.monotonic() - t0[id(ep)], 2)
-    return stats
+                    gens = self.engine.generate([p for p, _, _ in new], self.sampling,
+                                                seeds=[s for _, s, _ in new])
+                    for (_, _, fut), gen in zip(new, gens, strict=True):
+                        fut.set_result((gen, t))
+                self.busy_s += time.monotonic() - t
+        except BaseException as e:  # an engine failure ends every waiting episode with it
+            failure = e
+            for fut in (f for _, _, f in new):
+                if not fut.done():
+                    fut.set_exception(e)
+        with self.cond:
+            self.closed = self.closed or failure
+            waiting, self.pending = [f for _, _, f in self.pending], []
+        if stream and inflight:
+            with suppress(Exception):
+                self.engine.abort(list(inflight))
+        for fut in waiting + [f for f, _ in inflight.values()]:
+            fut.set_exception(EngineClosed(f"the engine stopped: {self.closed}"))
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = self.closed or EngineClosed("the rollout pool was closed")
+            self.cond.notify_all()
+        self.thread.join()
 
 
-def _finish(pair: tuple[Episode, Env], snapshot: str, cfg: RolloutConfig) -> None:
+class RolloutPool:
+    """`cfg.concurrency` container slots running episodes on their own clocks. submit() queues an
+    episode (a fresh container of its task, or one forked from `image`); completed() yields
+    (tag, episode) as episodes finish, including ones submitted meanwhile. An environment failure
+    (container won't start or dies, an exec or snapshot errors) ends only that episode, with
+    `error` set and reward 0; an engine failure is raised. Use as a context manager."""
+
+    def __init__(self, engine: Any, cfg: RolloutConfig, internet: bool = False):
+        self.engine, self.cfg, self.internet = engine, cfg, internet
+        self.slots = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="reterm-slot")
+        self.queues: dict[int, EngineQueue] = {}
+        self.live: dict[Future, Any] = {}
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.counts: collections.Counter = collections.Counter()
+        self.t0 = time.monotonic()
+
+    def __enter__(self) -> RolloutPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def submit(self, ep: Episode, image: str | None = None, snapshot: str = "none", tag: Any = None,
+               engine: Any = None) -> Future:
+        """snapshot: "none" | "failed" (kept image of a failed attempt) | "all" (unkept images)."""
+        engine = engine or self.engine
+        with self.lock:
+            if id(engine) not in self.queues:
+                self.queues[id(engine)] = EngineQueue(engine, self.cfg.sampling)
+            queue = self.queues[id(engine)]
+        fut = self.slots.submit(self._run, ep, image, snapshot, queue)
+        self.live[fut] = tag
+        return fut
+
+    def completed(self) -> Iterator[tuple[Any, Episode]]:
+        while self.live:
+            done, _ = wait(list(self.live), return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield self.live.pop(fut), fut.result()
+
+    def stats(self) -> dict:
+        wall = time.monotonic() - self.t0
+        busy = sum(q.busy_s for q in self.queues.values())
+        return {**self.counts, "gen_s": round(busy, 2), "wall_s": round(wall, 2),
+                "engine_idle_frac": round(max(0.0, 1 - busy / wall), 3) if wall > 0 else 0.0}
+
+    def close(self) -> None:
+        self.closed.set()
+        for q in self.queues.values():
+            q.close()
+        self.slots.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as e:
+            ep.error, ep.end, ep.reward = f"{what}: {type(e).__name__}: {e}", ep.end or "error", 0.0
+            return None
+
+    def _run(self, ep: Episode, image: str | None, snapshot: str, queue: EngineQueue) -> Episode:
+        t, env = time.monotonic(), None
+        try:
+            if self.closed.is_set():
+                raise EngineClosed("the rollout pool was closed")
+            env = self._guard(ep, "start", lambda: start_env(ep.task, image, self.internet))
+            if env is not None:
+                self._episode(ep, env, queue)
+            if env is not None and not ep.error and not self.closed.is_set():
+                self._guard(ep, "verify", lambda: _finish(ep, env, snapshot, self.cfg))
+        finally:
+            if env is not None:
+                env.close()
+            if self.closed.is_set() and ep.snapshot:  # stopped: nobody will own this image
+                remove_image(ep.snapshot)
+                ep.snapshot = None
+            ep.seconds = round(time.monotonic() - t, 2)
+        return ep
+
+    def _episode(self, ep: Episode, env: Env, queue: EngineQueue) -> None:
+        """generate -> act -> observe until the episode ends. The agent clock starts with this
+        container and excludes time queued for the engine behind other episodes' requests."""
+        cfg, tok, t0 = self.cfg, queue.engine.tokenizer, time.monotonic()
+        limit = ep.task.agent_timeout_sec * cfg.timeout_multiplier
+        agent_s = lambda: time.monotonic() - t0 - ep.queue_s
+        while True:
+            if len(ep.trace) + cfg.sampling.max_tokens > cfg.max_context:
+                ep.end = "context_full"
+                return
+            gen, queued = queue.generate(ep.trace.ids, _turn_seed(ep.seed, ep.turns))
+            ep.queue_s += queued
+            secs = self._guard(ep, "exec", functools.partial(_act, ep, env, gen, tok, cfg, limit - agent_s()))
+            with self.lock:
+                self.counts.update(env_steps=1, gen_tokens=len(gen.ids), env_s=secs or 0.0, queue_s=queued)
+            if ep.error or ep.end:
+                return
+            if ep.turns >= cfg.max_turns:
+                ep.end = "max_turns"
+                return
+            if agent_s() > limit:
+                ep.end = "timeout"
+                return
+            last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
+            ep.trace.add_context(delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
+
+
+def _finish(ep: Episode, env: Env, snapshot: str, cfg: RolloutConfig) -> None:
     """Snapshot (before the verifier touches anything), verify, classify a failure."""
-    ep, env = pair
     if snapshot != "none":
         ep.snapshot = env.snapshot(keep=snapshot == "failed")
     v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
@@ -1554,47 +1741,34 @@ def _finish(pair: tuple[Episode, Env], snapshot: str, cfg: RolloutConfig) -> Non
 
 
 def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
-                 snapshot: str = "none", allow_internet: bool = False) -> dict:
-    """Start a container per episode (a task image or a snapshot to fork), roll out, _finish each,
-    close the containers; in chunks of cfg.concurrency containers. Returns merged rollout stats.
-    snapshot: "none" | "failed" (kept images of failed attempts; others removed) | "all"."""
-    stats: dict = {}
-    for lo in range(0, len(episodes), max(1, cfg.concurrency)):
-        chunk = list(range(lo, min(lo + cfg.concurrency, len(episodes))))
-        started: dict[int, Env] = {}
-        try:
-            for i, env in run_concurrently(
-                    lambda i: start_env(episodes[i].task, images[i], allow_internet), chunk, len(chunk)):
-                if isinstance(env, Exception):
-                    raise env
-                started[i] = env
-            part = rollout([started[i] for i in chunk], [episodes[i] for i in chunk], engine, cfg)
-            for k, v in part.items():
-                stats[k] = stats.get(k, 0) + v
-            pairs = [(episodes[i], started[i]) for i in chunk]
-            for _, err in run_concurrently(functools.partial(_finish, snapshot=snapshot, cfg=cfg),
-                                           pairs, len(pairs)):
-                if isinstance(err, Exception):
-                    raise err
-        finally:
-            for e in started.values():
-                e.close()
-    return stats
+                 snapshot: str = "none", internet: bool = False) -> dict:
+    """Run every episode in a RolloutPool (an image per episode: None = its task's image, or a
+    snapshot to fork); returns the pool's stats. snapshot: see RolloutPool.submit."""
+    with RolloutPool(engine, cfg, internet) as pool:
+        for ep, image in zip(episodes, images, strict=True):
+            pool.submit(ep, image, snapshot)
+        for _ in pool.completed():
+            pass
+    return pool.stats()
 
 
 def run_attempts(tasks: list[Task], engine: Any, cfg: RolloutConfig, snapshot: str = "none",
-                 allow_internet: bool = False) -> tuple[list[Episode], dict]:
-    """First attempts: one fresh container per entry of `tasks` (repeat a task for k attempts)."""
-    episodes = [first_attempt(t, engine.tokenizer) for t in tasks]
-    stats = run_episodes(episodes, [None] * len(tasks), engine, cfg, snapshot, allow_internet)
-    return episodes, stats
+                 internet: bool = False) -> tuple[list[Episode], dict]:
+    """First attempts: one fresh container per entry of `tasks` (repeat a task for k attempts);
+    attempt i samples with seed cfg.sampling.seed + i."""
+    base = cfg.sampling.seed
+    episodes = [first_attempt(t, engine.tokenizer, None if base is None else base + i)
+                for i, t in enumerate(tasks)]
+    return episodes, run_episodes(episodes, [None] * len(tasks), engine, cfg, snapshot, internet)
 
 
 def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, engine: Any,
                    cfg: RolloutConfig, snapshot: str = "none") -> tuple[list[list[Episode]], dict]:
     """Fork n containers from each failure state and let the policy recover in each; returns
     one group of n episodes per state (the GRPO group)."""
-    episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer) for s in states for _ in range(n)]
+    base = cfg.sampling.seed
+    episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer, None if base is None else base + i)
+                for i, s in enumerate(s for s in states for _ in range(n))]
     images = [s.snapshot for s in states for _ in range(n)]
     stats = run_episodes(episodes, images, engine, cfg, snapshot)
     return [episodes[k * n:(k + 1) * n] for k in range(len(states))], stats

@@ -64,3 +64,30 @@ def write_task(root: Path, name: str, *, solve: str = "echo ok > /app/out.txt",
 @pytest.fixture
 def make_task(tmp_path: Path):
     return lambda name="t", **kw: write_task(tmp_path / "tasks", name, **kw)
+
+
+class ScriptedEngine:
+    """Engine interface, but each episode's turns come from a script: tests know the truth.
+    Episodes advance on their own clocks, so a prompt's turn is found from its own history: it
+    extends the prompt of that episode's previous turn (load() starts a new script at turn 0)."""
+
+    def __init__(self, tokenizer, script: list[str]):
+        self.tokenizer = tokenizer
+        self.load(script)
+
+    def load(self, script: list[str]) -> None:
+        self.script, self.turn_of = script, {}
+
+    def turn(self, prompt: list[int]) -> int:
+        prev = [len(p) for p in self.turn_of if len(p) < len(prompt) and tuple(prompt[: len(p)]) == p]
+        return self.turn_of.setdefault(tuple(prompt), self.turn_of[tuple(prompt[: max(prev)])] + 1
+                                       if prev else 0)
+
+    def generate(self, prompts, sampling, seeds=None):
+        gens = []
+        for p in prompts:
+            t = self.turn(p)
+            text = self.script[t] if t < len(self.script) else "Done."
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            gens.append(C.Generation(ids, [-0.5] * len(ids), "stop"))
+        return gens

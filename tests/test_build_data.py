@@ -174,7 +174,7 @@ class ScriptedEngine:
     def __init__(self):
         self.tokenizer = C.make_tiny_tokenizer()
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         gens = []
         for p in prompts:
             text = self.tokenizer.decode(p)

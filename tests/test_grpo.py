@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from conftest import ScriptedEngine
 
 import common as C
 
@@ -144,17 +145,6 @@ def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
 
 
 # ── real Docker: forked-rollout masks, one end-to-end step ─────────────────
-
-
-class ScriptedEngine:
-    def __init__(self, tokenizer, script: list[str]):
-        self.tokenizer, self.script, self.turn = tokenizer, script, 0
-
-    def generate(self, prompts, sampling):
-        text = self.script[self.turn] if self.turn < len(self.script) else "Done."
-        self.turn += 1
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        return [C.Generation(ids, [-0.5] * len(ids), "stop") for _ in prompts]
 
 
 def call(cmd: str) -> str:

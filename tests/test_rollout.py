@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from conftest import ScriptedEngine
 
 import common as C
 
@@ -15,23 +16,6 @@ pytestmark = pytest.mark.usefixtures("docker_ready")
 def call(cmd: str) -> str:
     return ("Running it.\n\n<tool_call>\n<function=bash>\n<parameter=command>\n"
             f"{cmd}\n</parameter>\n</function>\n</tool_call>")
-
-
-class ScriptedEngine:
-    """Engine interface, but each episode's turns come from a script: tests know the truth."""
-
-    def __init__(self, tokenizer, script: list[str]):
-        self.tokenizer = tokenizer
-        self.load(script)
-
-    def load(self, script: list[str]) -> None:
-        self.script, self.turn = script, 0
-
-    def generate(self, prompts, sampling):  # every live episode is on the same turn here
-        text = self.script[self.turn] if self.turn < len(self.script) else "Done."
-        self.turn += 1
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        return [C.Generation(ids, [-0.5] * len(ids), "stop") for _ in prompts]
 
 
 @pytest.fixture(scope="module")
