@@ -25,6 +25,7 @@ import time
 import types
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import common as C
@@ -348,46 +349,74 @@ def api_run(cfg: Config, task: C.Task, msgs: list[dict], snapshot: str | None = 
 
 
 def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collections.Counter:
-    """Student attempts (a local model's batched rollout, or the API), then the teacher recovers in
-    a fork of each failure; only verified recoveries become rows."""
+    """Student attempts (a local model on a rollout pool, or the API), and the teacher's recovery
+    in a fork of each failure as soon as it fails; only verified recoveries become rows."""
     rcfg = C.RolloutConfig(max_turns=cfg.max_turns, command_timeout=cfg.command_timeout,
                            concurrency=cfg.concurrency, sampling=C.SamplingConfig(
                                temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed))
     done = {(r["task_id"], r.get("meta", {}).get("fault")) for r in writer.rows}
     todo = [(t, k) for t in tasks for k in range(cfg.attempts) if (t.name, f"attempt{k}") not in done]
-    student = None
-    if cfg.student_model or cfg.teacher == "policy":
-        student = C.make_engine(cfg.engine, cfg.student_model or cfg.model)
-        # snapshot="all" keeps nothing (keep=0): a killed run's snapshots are reaped on exit
-        episodes, _ = C.run_attempts([t for t, _ in todo], student, rcfg, snapshot="all")
-    else:
-        episodes = run_each(cfg, lambda i: api_run(cfg, todo[i][0], C.initial_messages(
-            todo[i][0].instruction)), [t for t, _ in todo], "attempt", FAILED)
-    failed = [(ep, k) for ep, (_, k) in zip(episodes, todo, strict=True) if ep.reward < 1.0 and ep.snapshot]
-    outcomes = collections.Counter(attempt_passed=sum(ep.reward >= 1.0 for ep in episodes),
-                                   attempt_error=sum(ep.reward < 1.0 and not ep.snapshot for ep in episodes))
-    try:
-        if cfg.teacher == "policy":
-            same = cfg.student_model in (None, cfg.model)
-            teacher = student if same else C.make_engine(cfg.engine, cfg.model)
-            states = [C.FailureState.from_episode(ep, cfg.student_model or cfg.model) for ep, _ in failed]
-            groups, _ = C.run_recoveries(states, {t.name: t for t in tasks}, 1, teacher, rcfg)
-            results = [g[0] for g in groups]
-        else:
-            results = run_each(cfg, lambda i: api_run(cfg, failed[i][0].task, failed[i][0].messages + [
-                C.recovery_message(failed[i][0].task.instruction)], failed[i][0].snapshot),
-                [ep.task for ep, _ in failed], "recover", FAILED)
-        for (ep, k), rec in zip(failed, results, strict=True):
-            outcomes["row" if rec.reward >= 1.0 else "recovery_failed"] += 1
-            if rec.reward >= 1.0:
-                writer.add(make_row(ep.task.name, rec.messages, rec.attempt_from, {
-                    "teacher": cfg.model if cfg.teacher == "policy" else f"openai:{cfg.api_model}",
-                    "fault": f"attempt{k}", "error_category": ep.category or "n/a",
-                    "task_category": ep.task.category}))
-    finally:
-        for ep in episodes:
-            if ep.snapshot:
+    outcomes = collections.Counter()
+    teacher_name = cfg.model if cfg.teacher == "policy" else f"openai:{cfg.api_model}"
+
+    def settle(ep, k: int, rec) -> None:  # one attempt and its recovery (None: none was possible)
+        if ep.reward >= 1.0 or rec is None:
+            outcomes["attempt_passed" if ep.reward >= 1.0 else "attempt_error"] += 1
+            return
+        outcomes["row" if rec.reward >= 1.0 else "recovery_failed"] += 1
+        if rec.reward >= 1.0:
+            writer.add(make_row(ep.task.name, rec.messages, rec.attempt_from, {
+                "teacher": teacher_name, "fault": f"attempt{k}", "error_category": ep.category or "n/a",
+                "task_category": ep.task.category}))
+
+    def api_recover(ep):
+        return api_run(cfg, ep.task, ep.messages + [C.recovery_message(ep.task.instruction)], ep.snapshot)
+
+    if not (cfg.student_model or cfg.teacher == "policy"):  # the API is student and teacher
+        def both(i: int):
+            ep = api_run(cfg, todo[i][0], C.initial_messages(todo[i][0].instruction))
+            try:
+                return ep, (api_recover(ep) if ep.reward < 1.0 and ep.snapshot else None)
+            finally:
                 C.remove_image(ep.snapshot)
+        pairs = run_each(cfg, both, [t for t, _ in todo], "attempt+recover", (FAILED, None))
+        for (ep, rec), (_, k) in zip(pairs, todo, strict=True):
+            settle(ep, k, rec)
+        return outcomes
+    student = C.make_engine(cfg.engine, cfg.student_model or cfg.model)
+    teacher = None
+    if cfg.teacher == "policy":
+        same = cfg.student_model in (None, cfg.model)
+        teacher = student if same else C.make_engine(cfg.engine, cfg.model)
+    api = ThreadPoolExecutor(max(1, cfg.concurrency))  # an API teacher's recoveries
+    api_jobs = []
+    try:
+        with C.RolloutPool(student, rcfg) as pool:
+            for i, (t, k) in enumerate(todo):  # snapshot="all" keeps nothing: a killed run's are reaped
+                ep = C.first_attempt(t, student.tokenizer, cfg.seed + i)
+                pool.submit(ep, snapshot="all", tag=(k, None))
+            for (k, attempt), ep in pool.completed():
+                if attempt is not None:  # the teacher's recovery of `attempt` ended
+                    C.remove_image(attempt.snapshot)
+                    settle(attempt, k, ep)
+                elif ep.reward >= 1.0 or not ep.snapshot:
+                    C.remove_image(ep.snapshot)
+                    settle(ep, k, None)
+                elif teacher is not None:
+                    state = C.FailureState.from_episode(ep, cfg.student_model or cfg.model)
+                    pool.submit(C.recovery_attempt(ep.task, state, teacher.tokenizer), ep.snapshot,
+                                tag=(k, ep), engine=teacher)
+                else:
+                    api_jobs.append((ep, k, api.submit(api_recover, ep)))
+        for ep, k, job in api_jobs:
+            try:
+                settle(ep, k, job.result())
+            except Exception as e:
+                print(f"{ep.task.name}: {type(e).__name__}: {e}")
+                settle(ep, k, FAILED)
+            C.remove_image(ep.snapshot)
+    finally:
+        api.shutdown(wait=False, cancel_futures=True)
     return outcomes
 
 

@@ -1,6 +1,6 @@
 """Stage 03 — collect failure states: the policy's own failed attempts, frozen as snapshots.
 
-The policy attempts every training task k times in one batched rollout (fresh container each).
+The policy attempts every training task k times (a fresh container each, `concurrency` at once).
 A failed attempt's container is committed to an image *before* the verifier touches it
 (Recovery-Bench does the same), and becomes a record in OUT/failures.jsonl: id, task, snapshot
 image, the attempt's messages and exact token ids, error category, policy. ReTerm-GRPO (stage 04)
@@ -31,8 +31,7 @@ class Config:
     out: str = "runs/failures"  # output folder: failures.jsonl, attempts.jsonl, summary.json, runs.txt
     engine: str = "vllm"  # vllm | hf
     attempts: int = 4  # k attempts per task
-    batch: int = 64  # attempts per batched rollout (a killed run loses at most one batch)
-    concurrency: int = 16  # containers stepped at once
+    concurrency: int = 16  # container slots (attempts running at once)
     max_turns: int = 50  # assistant turns per attempt
     max_context: int = 32768  # tokens per attempt
     max_tokens: int = 2048  # tokens per assistant turn
@@ -100,7 +99,8 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
     fail_path, log_path = out / "failures.jsonl", out / "attempts.jsonl"
     done = {(a["task"], a["attempt"]) for a in C.read_jsonl(log_path)}
-    todo = [(t, k) for t in tasks for k in range(cfg.attempts) if (t.name, k) not in done]
+    todo = [(t, k, i * cfg.attempts + k) for i, t in enumerate(tasks) for k in range(cfg.attempts)
+            if (t.name, k) not in done]
     C.log0(f"{len(tasks)} tasks x {cfg.attempts} attempts: {len(done)} done, {len(todo)} to run")
     policy = cfg.policy or str(Path(cfg.model).resolve() if Path(cfg.model).exists() else cfg.model)
     with open(out / "runs.txt", "a") as f:  # which runs' kept snapshots --gc may remove
@@ -116,23 +116,23 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="collect")
-    with C.env_session():
-        for lo in range(0, len(todo), cfg.batch):
-            chunk = todo[lo: lo + cfg.batch]
-            rcfg.sampling.seed = cfg.seed + lo  # attempt j of the run samples with seed + j
-            # One batched rollout over the chunk; failed attempts keep their snapshot (keep=1).
-            episodes, stats = C.run_attempts([t for t, _ in chunk], engine, rcfg, snapshot="failed")
-            for (task, k), ep in zip(chunk, episodes, strict=True):
-                rid = None
-                if ep.reward < 1.0:
-                    state = C.FailureState.from_episode(ep, policy)
-                    rid = state.id
-                    C.append_jsonl(fail_path, dataclasses.asdict(state))
-                C.append_jsonl(log_path, {"task": task.name, "attempt": k, "reward": ep.reward,
-                                          "category": ep.category, "turns": ep.turns, "end": ep.end,
-                                          "failure": rid, "seconds": ep.seconds})
-            bar.update(len(chunk))
-            bar.set_postfix(gen_s=round(stats.get("gen_s", 0.0), 1), env_s=round(stats.get("env_s", 0.0), 1))
+    # Each attempt is written as soon as it ends (a killed run loses only those in flight); a
+    # failed attempt keeps its snapshot (keep=1), committed before the verifier ran.
+    with C.env_session(), C.RolloutPool(engine, rcfg) as pool:
+        for task, k, j in todo:  # attempt j of tasks x attempts samples with seed + j, resumed or not
+            pool.submit(C.first_attempt(task, engine.tokenizer, cfg.seed + j), snapshot="failed", tag=k)
+        for k, ep in pool.completed():
+            rid = None
+            if ep.reward < 1.0 and ep.snapshot:
+                state = C.FailureState.from_episode(ep, policy)
+                rid = state.id
+                C.append_jsonl(fail_path, dataclasses.asdict(state))
+            C.append_jsonl(log_path, {"task": ep.task.name, "attempt": k, "reward": ep.reward,
+                                      "category": ep.category, "turns": ep.turns, "end": ep.end,
+                                      "failure": rid, "error": ep.error, "seconds": ep.seconds})
+            bar.update(1)
+            stats = pool.stats()
+            bar.set_postfix(engine_idle=stats["engine_idle_frac"], env_steps=stats.get("env_steps", 0))
     bar.close()
     names = {t.name for t in tasks}
     attempts = [a for a in C.read_jsonl(log_path) if a["task"] in names]

@@ -212,27 +212,34 @@ def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.Rol
     n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
     fresh = sample_by_mastery(sorted(tasks), pool["hist"], n_fresh, cfg.floor, rng)
     fresh = [fresh[i % len(fresh)] for i in range(n_fresh)] if fresh else []
-    groups, stats, added = [], collections.Counter(), 0
-    if picked:
-        states = [C.FailureState(**pool["states"][s]["state"]) for s in picked]
-        recs, st = C.run_recoveries(states, tasks, cfg.group_size, engine, rcfg)
-        stats.update(st)
-        groups += [("fork", s.id, s.category, g) for s, g in zip(states, recs, strict=True)]
-    if fresh:
-        snap = "failed" if cfg.mode == "fork" else "none"
-        eps, st = C.run_attempts([tasks[t] for t in fresh for _ in range(cfg.group_size)], engine, rcfg, snap)
-        stats.update(st)
-        for k, t in enumerate(fresh):
-            g = eps[k * cfg.group_size:(k + 1) * cfg.group_size]
-            groups.append(("fresh", t, "fresh", g))
-            for ep in (ep for ep in g if ep.snapshot):
-                state = C.FailureState.from_episode(ep, f"step{step}")
-                if state.id in pool["states"]:  # the very same failed attempt: one image is enough
-                    C.remove_image(ep.snapshot)
-                else:  # a new failure of the current policy
-                    pool_add(pool, state, ep.snapshot, step)
-                    added += 1
-    for _, key, _, g in groups:
+    # Forks and fresh attempts share one pool of container slots: no group waits for another.
+    tok, snap = engine.tokenizer, "failed" if cfg.mode == "fork" else "none"
+    states = [C.FailureState(**pool["states"][k]["state"]) for k in picked]
+    jobs = [(("fork", s.id, s.category), C.recovery_attempt(tasks[s.task], s, tok), s.snapshot)
+            for s in states for _ in range(cfg.group_size)]
+    jobs += [(("fresh", t, "fresh", i), C.first_attempt(tasks[t], tok), None)
+             for i, t in enumerate(fresh) for _ in range(cfg.group_size)]
+    with C.RolloutPool(engine, rcfg) as rollouts:
+        for _, ep, image in jobs:
+            rollouts.submit(ep, image, snapshot="none" if image else snap)
+        for _ in rollouts.completed():
+            pass
+    by_tag = collections.defaultdict(list)  # groups in submission order: the step is reproducible
+    for tag, ep, _ in jobs:
+        by_tag[tag].append(ep)
+    stats, added, errors, groups = rollouts.stats(), 0, 0, []
+    for (kind, key, cat, *_), g in by_tag.items():
+        errors += sum(ep.error is not None for ep in g)  # an environment failure says nothing of the policy
+        groups.append((kind, key, cat, [ep for ep in g if ep.error is None]))
+        for ep in (ep for ep in g if kind == "fresh" and ep.snapshot):
+            state = C.FailureState.from_episode(ep, f"step{step}")
+            if state.id in pool["states"]:  # the very same failed attempt: one image is enough
+                C.remove_image(ep.snapshot)
+            else:  # a new failure of the current policy
+                pool_add(pool, state, ep.snapshot, step)
+                added += 1
+    stats["env_errors"] = errors
+    for _, key, _, g in (x for x in groups if x[3]):
         pool["hist"].setdefault(key, []).append(sum(ep.reward >= 1.0 for ep in g) / len(g))
     return groups, dict(stats), added
 

@@ -65,40 +65,45 @@ def run_trial(cfg: Config, task: C.Task, trial: int) -> dict:
     return row
 
 
-def run_policy(cfg: Config, todo: list[tuple[C.Task, int]], out: Path) -> None:
-    """Policy trials in batched rollouts of `concurrency` containers; with --recovery, each
-    failed trial's snapshot (committed before verification) gets one recovery attempt."""
+def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path) -> None:
+    """Policy trials on a pool of `concurrency` container slots, each on its own clock. With
+    --recovery a failed trial's snapshot (committed before verification) gets one recovery
+    attempt as soon as the trial ends; the trial's rows are written once both are done, so a
+    resumed run never has a trial without its recovery."""
     vllm_kw = {"max_model_len": cfg.max_context, "seed": cfg.seed} if cfg.engine == "vllm" else {}
     engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **vllm_kw)
     sampling = C.SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.seed)
     rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, cfg.command_timeout,
                            cfg.timeout_multiplier, cfg.concurrency, sampling)
-    tasks = {t.name: t for t, _ in todo}
+    tok = engine.tokenizer
     bar = tqdm(total=len(todo), desc="eval[policy]")
-    for lo in range(0, len(todo), cfg.concurrency):
-        chunk = todo[lo:lo + cfg.concurrency]
-        rcfg.sampling.seed = cfg.seed + lo  # trial j of the run samples with seed + j
-        episodes, _ = C.run_attempts([t for t, _ in chunk], engine, rcfg,
-                                     "failed" if cfg.recovery else "none", cfg.allow_internet)
-        failed = [(ep, k) for ep, (_, k) in zip(episodes, chunk, strict=True) if ep.reward < 1.0]
-        if cfg.recovery and failed:
-            states = [C.FailureState.from_episode(ep, cfg.model) for ep, _ in failed]
-            groups, _ = C.run_recoveries(states, tasks, 1, engine, rcfg)
-            for (ep, k), (rec,) in zip(failed, groups, strict=True):
-                C.remove_image(ep.snapshot)
+    with C.RolloutPool(engine, rcfg, cfg.allow_internet) as pool:
+        for task, k, j in todo:  # trial j of the run (its place in tasks x trials) samples with seed + j
+            snapshot = "failed" if cfg.recovery else "none"
+            pool.submit(C.first_attempt(task, tok, cfg.seed + j), snapshot=snapshot, tag=(k, j, None))
+        for (k, j, trial), ep in pool.completed():
+            if trial is None and ep.snapshot:  # a failed trial: fork its recovery now
+                state = C.FailureState.from_episode(ep, cfg.model)
+                rec = C.recovery_attempt(ep.task, state, tok, cfg.seed + j + 2**20)  # disjoint seeds
+                pool.submit(rec, ep.snapshot, tag=(k, j, ep))
+                continue
+            if trial is not None:
+                C.remove_image(trial.snapshot)
+                save_trajectory(out, f"{ep.task.name}__{k}__recovery", ep)
                 C.append_jsonl(out / "recovery.jsonl", {
-                    "task": ep.task.name, "trial": k, "category": ep.category, "reward": rec.reward,
-                    "turns": rec.turns, "error": rec.verify_error})
-                save_trajectory(out, f"{ep.task.name}__{k}__recovery", rec)
-        for ep, (task, k) in zip(episodes, chunk, strict=True):
-            save_trajectory(out, f"{task.name}__{k}", ep)
+                    "task": ep.task.name, "trial": k, "category": trial.category, "reward": ep.reward,
+                    "turns": ep.turns, "error": ep.error or ep.verify_error})
+                ep = trial
+            save_trajectory(out, f"{ep.task.name}__{k}", ep)
             C.append_jsonl(out / "trials.jsonl", {
-                "task": task.name, "trial": k, "category": task.category,
-                "difficulty": task.difficulty, "reward": ep.reward, "error": ep.verify_error,
-                "turns": ep.turns, "end": ep.end, "error_category": ep.category,
-                "agent_timed_out": ep.end == "timeout", "seconds": ep.seconds})
-        bar.update(len(chunk))
+                "task": ep.task.name, "trial": k, "category": ep.task.category,
+                "difficulty": ep.task.difficulty, "reward": ep.reward,
+                "error": ep.error or ep.verify_error, "turns": ep.turns, "end": ep.end,
+                "error_category": ep.category, "agent_timed_out": ep.end == "timeout",
+                "seconds": ep.seconds, "queue_s": round(ep.queue_s, 2)})
+            bar.update(1)
     bar.close()
+    C.log0("rollout: " + ", ".join(f"{k} {v:.3g}" for k, v in pool.stats().items()))
 
 
 def save_trajectory(out: Path, name: str, ep: C.Episode) -> None:
@@ -153,14 +158,15 @@ def main(argv: list[str] | None = None) -> dict:
     C.dump_config(cfg, out)
     trials_path = out / "trials.jsonl"
     done = {(r["task"], r["trial"]) for r in C.read_jsonl(trials_path)}
-    todo = [(t, k) for t in tasks for k in range(cfg.trials) if (t.name, k) not in done]
+    todo = [(t, k, i * cfg.trials + k) for i, t in enumerate(tasks) for k in range(cfg.trials)
+            if (t.name, k) not in done]
     C.log0(f"{len(tasks)} tasks x {cfg.trials} trials: {len(done)} done, {len(todo)} to run")
     with C.env_session():
         if cfg.agent == "policy":
             if todo:
                 run_policy(cfg, todo, out)
         else:
-            for _, row in C.run_concurrently(lambda tk: run_trial(cfg, *tk), todo, cfg.concurrency,
+            for _, row in C.run_concurrently(lambda tk: run_trial(cfg, *tk[:2]), todo, cfg.concurrency,
                                              desc=f"eval[{cfg.agent}]"):
                 C.append_jsonl(trials_path, row)
     names = {t.name for t in tasks}
