@@ -4,6 +4,11 @@ by a real tiny model through 05_eval_tb2.py."""
 from __future__ import annotations
 
 import importlib
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 from conftest import ScriptedEngine
@@ -103,3 +108,111 @@ def test_policy_eval_with_tiny_model_resumes_and_cleans_up(make_task, tmp_path):
     assert not C.docker_client().containers.list(all=True, filters={"label": f"reterm.run={C.RUN_ID}"})
     assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=1",
                                                                 f"reterm.run={C.RUN_ID}"]})
+
+
+# ── asynchronous rollouts: own clocks, fault isolation, clean interrupts ───────
+
+
+class ByTask(ScriptedEngine):
+    """A script per task, chosen by the task's instruction inside the prompt."""
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]):
+        super().__init__(tokenizer, [])
+        self.scripts = scripts
+
+    def generate(self, prompts, sampling, seeds=None):
+        gens = []
+        for p in prompts:
+            text = self.tokenizer.decode(p)
+            self.script = next(s for key, s in self.scripts.items() if key in text)
+            gens += super().generate([p], sampling)
+        return gens
+
+
+def test_a_slow_command_does_not_delay_another_episodes_turns(make_task, tok):
+    slow = C.load_task(make_task("slow", instruction="SLOW task."))
+    fast = C.load_task(make_task("fast", instruction="FAST task."))
+    stamp = "date +%s.%N"
+    eng = ByTask(tok, {"SLOW task": [call(f"sleep 6; {stamp}"), "Done."],
+                       "FAST task": [call(stamp), call(stamp), call(stamp), "Done."]})
+    episodes = [C.first_attempt(slow, tok), C.first_attempt(fast, tok)]
+    with C.env_session():
+        stats = C.run_episodes(episodes, [None, None], eng, cfg(concurrency=2))
+    s, f = episodes
+    assert s.end == f.end == "answered" and len(f.commands) == 3 and not s.error and not f.error
+    when = lambda ep, i: float(ep.messages[ep.attempt_from + 2 * i + 1]["content"].split()[0])  # noqa: E731
+    # all three turns of the fast episode ran while the slow one's single command was still sleeping
+    assert when(f, 2) < when(s, 0) - 2.0, (when(f, 2), when(s, 0))
+    assert f.seconds < s.seconds and stats["env_steps"] == 2 + 4
+
+
+def test_agent_timeout_counts_each_episodes_own_time(make_task, tok):
+    toml = ('version = "1.0"\n[agent]\ntimeout_sec = 5.0\n[verifier]\ntimeout_sec = 30.0\n'
+            '[environment]\ncpus = 1\nmemory = "512M"\n')
+    task = C.load_task(make_task("clock", toml=toml))
+    eng = ScriptedEngine(tok, [call("sleep 3"), "Done."])
+    episodes = [C.first_attempt(task, tok) for _ in range(2)]
+    with C.env_session():  # one slot: the second episode waits ~3 s for it, on nobody's clock
+        C.run_episodes(episodes, [None, None], eng, cfg(concurrency=1))
+    assert [ep.end for ep in episodes] == ["answered", "answered"]
+    eng = ScriptedEngine(tok, [call("sleep 3"), call("sleep 30"), "Done."])
+    ep = C.first_attempt(task, tok)
+    with C.env_session():
+        C.run_episodes([ep], [None], eng, cfg())
+    # the second command only got what was left of the episode's own 5 s
+    assert ep.end == "timeout" and ep.commands[1]["timed_out"] and ep.commands[1]["seconds"] < 4
+
+
+def test_dead_container_and_failed_start_are_error_rows(make_task, tmp_path, tok, monkeypatch):
+    ev = importlib.import_module("05_eval_tb2")
+    make_task("ok1")
+    make_task("ok2")
+    make_task("doomed", instruction="DOOMED task.")
+    make_task("broken", dockerfile=f"FROM {C.BASE_IMAGE}\nRUN exit 3\n")
+    fix = [call("echo ok > /app/out.txt"), "Done."]
+    eng = ByTask(tok, {"DOOMED task": [call("sleep 60"), "Done."], "Write ok": fix})
+    monkeypatch.setattr(C, "make_engine", lambda *a, **kw: eng)
+
+    def kill_doomed():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for c in C.docker_client().containers.list(filters={"label": ["reterm.task=doomed",
+                                                                          f"reterm.run={C.RUN_ID}"]}):
+                time.sleep(1.0)  # let its `sleep 60` start
+                c.remove(force=True)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_doomed)
+    killer.start()
+    s = ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "ev"), "--agent", "policy",
+                 "--model", "scripted", "--concurrency", "4", "--max-turns", "3", "--recovery"])
+    killer.join()
+    rows = {r["task"]: r for r in C.read_jsonl(tmp_path / "ev" / "trials.jsonl")}
+    assert set(rows) == {"ok1", "ok2", "doomed", "broken"} and s["n_trials"] == 4
+    assert rows["ok1"]["reward"] == rows["ok2"]["reward"] == 1.0
+    assert rows["doomed"]["reward"] == 0.0 and rows["doomed"]["error"]  # its exec or snapshot failed
+    assert rows["broken"]["reward"] == 0.0 and rows["broken"]["error"].startswith("start:")
+    assert "build failed" in rows["broken"]["error"]
+    assert not C.docker_client().containers.list(all=True, filters={"label": f"reterm.run={C.RUN_ID}"})
+
+
+def test_sigterm_during_async_policy_rollout_leaves_nothing_behind(make_task, tmp_path):
+    model = C.make_tiny_model(tmp_path / "tiny", arch="qwen3")
+    make_task("hang", test="sleep 1000\n")  # every trial ends in a verifier that never returns
+    cmd = [sys.executable, str(C.ROOT / "05_eval_tb2.py"), "--tasks", str(tmp_path / "tasks"),
+           "--out", str(tmp_path / "ev"), "--agent", "policy", "--model", str(model), "--engine", "hf",
+           "--dtype", "float32", "--max-tokens", "8", "--max-turns", "1", "--trials", "3",
+           "--concurrency", "3", "--recovery"]
+    p = subprocess.Popen(cmd, cwd=C.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    mine = lambda **kw: C.docker_client().containers.list(  # noqa: E731
+        all=True, filters={"label": [f"{k.replace('_', '.')}={v}" for k, v in kw.items()]})
+    deadline = time.monotonic() + 120
+    while len(mine(reterm_task="hang")) < 3 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.3)
+    assert len(mine(reterm_task="hang")) == 3
+    time.sleep(2.0)  # snapshots committed, verifiers running
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=90)
+    assert not mine(reterm_task="hang"), p.stdout.read().decode()[-2000:]
+    assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.task=hang"]})
