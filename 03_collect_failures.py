@@ -129,7 +129,8 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
                 C.append_jsonl(fail_path, dataclasses.asdict(state))
             C.append_jsonl(log_path, {"task": ep.task.name, "attempt": k, "reward": ep.reward,
                                       "category": ep.category, "turns": ep.turns, "end": ep.end,
-                                      "failure": rid, "error": ep.error, "seconds": ep.seconds})
+                                      "failure": rid, "error": ep.error, "seconds": ep.seconds,
+                                      "queue_s": round(ep.queue_s, 2)})
             bar.update(1)
             stats = pool.stats()
             bar.set_postfix(engine_idle=stats["engine_idle_frac"], env_steps=stats.get("env_steps", 0))

@@ -1021,7 +1021,8 @@ class VLLMEngine:
     token was drawn from (the behaviour policy), as HFEngine returns them."""
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
-                 gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True, **llm_kw: Any):
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True,
+                 continuous: bool = True, **llm_kw: Any):
         # in_process=False (needed under torchrun: in-process vLLM would build its process groups
         # on torchrun's world and hang) runs the engine core in a spawned process of its own;
         # weights then travel through a safetensors file in shared memory instead of by reference.
@@ -1047,6 +1048,7 @@ class VLLMEngine:
                             seed=seed, enforce_eager=not on_gpu, distributed_executor_backend="uni",
                             logprobs_mode="processed_logprobs", **kw, **llm_kw)
         self._request_ids = itertools.count()
+        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
 
     def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
         from vllm import SamplingParams
@@ -1551,8 +1553,8 @@ def _turn_seed(seed: int | None, turn: int) -> int | None:
 
 class EngineQueue:
     """One thread owns the engine and serves the generation requests of every episode thread:
-    continuous batching where the engine steps request by request (VLLMEngine.add_request /
-    step), else one `generate` call over whatever queued while the last one ran."""
+    continuous batching where the engine steps request by request (`engine.continuous`: VLLMEngine's
+    add_request / step), else one `generate` call over whatever queued while the last one ran."""
 
     def __init__(self, engine: Any, sampling: SamplingConfig):
         self.engine, self.sampling, self.busy_s = engine, sampling, 0.0
@@ -1575,7 +1577,7 @@ class EngineQueue:
         return gen, max(0.0, started - t)
 
     def _serve(self) -> None:
-        stream = hasattr(self.engine, "add_request")
+        stream = getattr(self.engine, "continuous", False)
         inflight: dict[str, tuple[Future, float]] = {}
         failure: BaseException = EngineClosed("the rollout pool was closed")
         try:

@@ -6,6 +6,7 @@ drawn from a heavy-tailed mix (70% 0.05 s, 25% 1 s, 5% 8 s; seeded per episode a
 Terminal-Bench work where one command takes milliseconds and another a minute.
 
 - async: common.RolloutPool, each episode on its own clock, vLLM continuous batching;
+- async-queue: the same pool with the batching queue (one `generate` over whatever queued);
 - lockstep: the loop this project had before (kept here only as the baseline): chunks of
   `concurrency` episodes, one batched generate per turn for the chunk, then every command, then
   the next turn, so each turn waits for the slowest command of the chunk and each chunk for its
@@ -51,6 +52,7 @@ class ScriptedOverReal:
     def __init__(self, real, turns: int, seed: int):
         self.real, self.tokenizer, self.turns, self.seed = real, real.tokenizer, turns, seed
         self.prompts: dict[str, list[int]] = {}
+        self.continuous = real.continuous
 
     def _script(self, prompt: list[int]) -> C.Generation:
         text = self.tokenizer.decode(prompt)
@@ -80,34 +82,36 @@ class ScriptedOverReal:
 
 def lockstep(episodes: list[C.Episode], engine, cfg: C.RolloutConfig) -> dict:
     """The baseline: chunks of cfg.concurrency episodes; each turn waits for the whole chunk."""
-    tok, gen_s, steps = engine.tokenizer, 0.0, 0
+    stats = {"gen_s": 0.0, "env_steps": 0}
     with ThreadPoolExecutor(cfg.concurrency) as threads:
         for lo in range(0, len(episodes), cfg.concurrency):
             chunk = episodes[lo:lo + cfg.concurrency]
             envs = list(threads.map(lambda ep: C.start_env(ep.task), chunk))
-            t0, live = time.monotonic(), list(range(len(chunk)))
             try:
-                while live:
-                    t = time.monotonic()
-                    gens = engine.generate([chunk[i].trace.ids for i in live], cfg.sampling)
-                    gen_s += time.monotonic() - t
-                    limit = lambda ep: ep.task.agent_timeout_sec - (time.monotonic() - t0)  # noqa: E731
-                    list(threads.map(lambda ig: C._act(chunk[ig[0]], envs[ig[0]], ig[1], tok, cfg,
-                                                       limit(chunk[ig[0]])), zip(live, gens, strict=True)))
-                    steps += len(live)
-                    nxt = []
-                    for i in live:
-                        ep = chunk[i]
-                        if not ep.end and ep.turns < cfg.max_turns:
-                            last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
-                            ep.trace.add_context(C.delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
-                            nxt.append(i)
-                    live = nxt
-                list(threads.map(lambda ie: C._finish(chunk[ie[0]], ie[1], "none", cfg), enumerate(envs)))
+                lockstep_chunk(chunk, envs, engine, cfg, threads, stats)
             finally:
                 for env in envs:
                     env.close()
-    return {"gen_s": gen_s, "env_steps": steps}
+    return stats
+
+
+def lockstep_chunk(chunk, envs, engine, cfg: C.RolloutConfig, threads, stats: dict) -> None:
+    tok, t0, live = engine.tokenizer, time.monotonic(), list(range(len(chunk)))
+
+    def act(i: int, gen: C.Generation) -> None:  # the chunk's clock, not the episode's own
+        C._act(chunk[i], envs[i], gen, tok, cfg, chunk[i].task.agent_timeout_sec - (time.monotonic() - t0))
+
+    while live:
+        t = time.monotonic()
+        gens = engine.generate([chunk[i].trace.ids for i in live], cfg.sampling)
+        stats["gen_s"] += time.monotonic() - t
+        list(threads.map(act, live, gens))
+        stats["env_steps"] += len(live)
+        live = [i for i in live if not chunk[i].end and chunk[i].turns < cfg.max_turns]
+        for ep in (chunk[i] for i in live):
+            last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
+            ep.trace.add_context(C.delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
+    list(threads.map(lambda ep, env: C._finish(ep, env, "none", cfg), chunk, envs))
 
 
 def make_task(root: Path) -> C.Task:
@@ -145,10 +149,11 @@ def main() -> None:
                             for i in range(args.episodes)]
         res = {}
         with C.env_session():
-            for name in ("async", "lockstep"):
+            for name in ("async", "async-queue", "lockstep"):
                 eps, t0 = episodes(), time.monotonic()
-                st = (C.run_episodes(eps, [None] * len(eps), engine, cfg) if name == "async"
-                      else lockstep(eps, engine, cfg))
+                engine.continuous = name == "async"
+                st = (lockstep(eps, engine, cfg) if name == "lockstep"
+                      else C.run_episodes(eps, [None] * len(eps), engine, cfg))
                 wall = time.monotonic() - t0
                 assert all(ep.reward == 1.0 and len(ep.commands) == args.turns for ep in eps), name
                 res[name] = {"wall_s": round(wall, 2), "episodes_per_s": round(len(eps) / wall, 3),
@@ -157,16 +162,16 @@ def main() -> None:
     sleep_s = sum(duration(i, t, args.seed) for i in range(args.episodes) for t in range(args.turns))
     print(f"\n== {args.episodes} episodes x {args.turns} turns, {args.concurrency} slots; scripted commands "
           f"sleep {sleep_s:.0f} s in all; tiny Qwen3 on vLLM (CPU) generates every turn ==")
-    print(f"{'loop':<10}{'wall s':>8}{'episodes/s':>12}{'env-steps/s':>13}{'engine idle':>13}")
+    print(f"{'loop':<12}{'wall s':>8}{'episodes/s':>12}{'env-steps/s':>13}{'engine idle':>13}")
     for name, r in res.items():
-        print(f"{name:<10}{r['wall_s']:>8.1f}{r['episodes_per_s']:>12.3f}{r['env_steps_per_s']:>13.2f}"
+        print(f"{name:<12}{r['wall_s']:>8.1f}{r['episodes_per_s']:>12.3f}{r['env_steps_per_s']:>13.2f}"
               f"{r['engine_idle_frac']:>13.1%}")
     speedup = res["async"]["episodes_per_s"] / res["lockstep"]["episodes_per_s"]
     print(f"async / lockstep: {speedup:.2f}x episodes/s")
     if args.json:
         print(json.dumps({"async_episodes_per_s": res["async"]["episodes_per_s"],
                           "lockstep_episodes_per_s": res["lockstep"]["episodes_per_s"],
-                          "speedup": round(speedup, 2), "async": res["async"], "lockstep": res["lockstep"],
+                          "speedup": round(speedup, 2), **res,
                           "episodes": args.episodes, "concurrency": args.concurrency, "turns": args.turns}))
 
 
