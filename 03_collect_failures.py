@@ -33,15 +33,19 @@ class Config:
     attempts: int = 4  # k attempts per task
     batch: int = 64  # attempts per batched rollout (a killed run loses at most one batch)
     concurrency: int = 16  # containers stepped at once
-    max_turns: int = 50  # assistant turns per attempt
-    max_context: int = 32768  # tokens per attempt
-    max_tokens: int = 2048  # tokens per assistant turn
+    max_turns: int | None = None  # assistant turns per attempt (default: the model's scaffold.json)
+    max_context: int | None = None  # tokens per attempt (default: the model's scaffold)
+    max_tokens: int | None = None  # tokens per assistant turn (default: the model's scaffold)
     temperature: float = 1.0  # sampling temperature
     top_p: float = 1.0  # nucleus sampling
-    command_timeout: float = 180.0  # seconds per bash call
+    command_timeout: float | None = None  # seconds per bash call (default: the model's scaffold)
     timeout_multiplier: float = 1.0  # scales task.toml timeouts
     seed: int = 0  # sampling seed
     task_filter: str | None = None  # regex: only tasks whose name matches
+    sample: int = 0  # draw N tasks of a large corpus from a seeded permutation (0 = all)
+    sample_skip: int = 0  # skip the permutation's first K (a held-out set disjoint from --sample K)
+    split_seed: int = 0  # seed of the --sample permutation
+    no_internet: bool = False  # no network for any task (default: as each task.toml says)
     policy: str | None = None  # policy identifier stored in records (default: the model folder)
     gc: bool = False  # only garbage-collect: remove unreferenced snapshots and records whose image is gone
 
@@ -97,7 +101,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     in (tests use a scripted one); by default it is built from --engine/--model."""
     out = Path(cfg.out)
     C.dump_config(cfg, out)
-    tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
+    tasks = C.load_tasks(cfg.tasks, cfg.task_filter, cfg.sample, cfg.sample_skip, cfg.split_seed)
     fail_path, log_path = out / "failures.jsonl", out / "attempts.jsonl"
     done = {(a["task"], a["attempt"]) for a in C.read_jsonl(log_path)}
     todo = [(t, k) for t in tasks for k in range(cfg.attempts) if (t.name, k) not in done]
@@ -105,14 +109,13 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     policy = cfg.policy or str(Path(cfg.model).resolve() if Path(cfg.model).exists() else cfg.model)
     with open(out / "runs.txt", "a") as f:  # which runs' kept snapshots --gc may remove
         f.write(C.RUN_ID + "\n")
-    rcfg = C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context,
-                           command_timeout=cfg.command_timeout, timeout_multiplier=cfg.timeout_multiplier,
-                           concurrency=cfg.concurrency, sampling=C.SamplingConfig(
-                               temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
-                               seed=cfg.seed))
+    scaffold = C.load_scaffold(cfg.model, max_turns=cfg.max_turns, max_context=cfg.max_context,
+                               max_tokens=cfg.max_tokens, command_timeout=cfg.command_timeout)
+    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, cfg.top_p, seed=cfg.seed),
+                            cfg.concurrency, cfg.timeout_multiplier)
     if todo and engine is None:
         engine = C.make_engine(cfg.engine, cfg.model,
-                               **({"max_model_len": cfg.max_context} if cfg.engine == "vllm" else {}))
+                               **({"max_model_len": scaffold.max_context} if cfg.engine == "vllm" else {}))
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="collect")
@@ -121,7 +124,8 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
             chunk = todo[lo: lo + cfg.batch]
             rcfg.sampling.seed = cfg.seed + lo  # attempt j of the run samples with seed + j
             # One batched rollout over the chunk; failed attempts keep their snapshot (keep=1).
-            episodes, stats = C.run_attempts([t for t, _ in chunk], engine, rcfg, snapshot="failed")
+            episodes, stats = C.run_attempts([t for t, _ in chunk], engine, rcfg, "failed",
+                                             internet=not cfg.no_internet)
             for (task, k), ep in zip(chunk, episodes, strict=True):
                 rid = None
                 if ep.reward < 1.0:

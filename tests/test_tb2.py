@@ -200,3 +200,48 @@ def test_scaffold_travels_in_the_model_folder(tmp_path):
     assert (rcfg.max_turns, rcfg.sampling.max_tokens, rcfg.system_prompt) == (7, 64, "Be terse.")
     assert C.recovery_message("X", "Failed; redo: {instruction}")["content"] == "Failed; redo: X"
 
+
+
+CUSTOM = "You are TermBot. Use the bash tool; one command per call."
+RECOVERY = "That failed and nothing was reset. Fix it. Task again: {instruction}"
+
+
+def custom_row(i: int, instruction: str) -> dict:
+    call = lambda c: [{"type": "function", "function": {"name": "bash", "arguments": {"command": c}}}]  # noqa: E731
+    msgs = [{"role": "system", "content": CUSTOM}, {"role": "user", "content": instruction},
+            {"role": "assistant", "content": "Look first.", "tool_calls": call("ls /app")},
+            {"role": "tool", "content": "[exit code: 0]"}, {"role": "assistant", "content": "Done."},
+            {"role": "user", "content": RECOVERY.replace("{instruction}", instruction)},
+            {"role": "assistant", "content": f"Fix {i}.", "tool_calls": call("echo ok > /app/out.txt")},
+            {"role": "tool", "content": "[exit code: 0]"}, {"role": "assistant", "content": "Fixed."}]
+    return {"id": f"r{i}", "task_id": "t", "messages": msgs, "train_from_message_index": 6}
+
+
+@docker
+def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
+    """02 -> 05 on rows with their own system prompt: the trajectories 05 saves start with it."""
+    sft = importlib.import_module("02_sft")
+    data = tmp_path / "rows.jsonl"
+    rows = [custom_row(i, f"Write ok to /app/out.txt ({i}).") for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = C.make_tiny_model(tmp_path / "base", arch="qwen3")
+    final = sft.main(["--data", str(data), "--model", str(base), "--out", str(tmp_path / "sft"),
+                      "--max-steps", "1", "--max-len", "1024", "--micro-batch-tokens", "1024",
+                      "--grad-accum", "1", "--save-every", "0", "--no-activation-checkpointing"])
+    saved = json.loads((final / "scaffold.json").read_text())
+    assert saved["system_prompt"] == CUSTOM and saved["recovery_prompt"] == RECOVERY
+    make_task("p1")
+    engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    out = tmp_path / "ev"
+    ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--agent", "policy",
+             "--model", str(final), "--engine", engine, "--dtype", "float32", "--max-tokens", "16",
+             "--max-turns", "1", "--max-context", "2048", "--recovery"])
+    trajectories = sorted((out / "trajectories").glob("*.json"))
+    assert trajectories
+    for path in trajectories:
+        msgs = json.loads(path.read_text())["messages"]
+        assert msgs[0] == {"role": "system", "content": CUSTOM}
+        if path.name.endswith("__recovery.json"):
+            assert {"role": "user", "content": RECOVERY.replace("{instruction}", msgs[1]["content"])} in msgs
+    (harbor,) = (out / "harbor").glob("p1__*/agent/trajectory.json")
+    assert json.loads(harbor.read_text())[0]["content"] == CUSTOM
