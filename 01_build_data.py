@@ -49,10 +49,14 @@ class Config:
     api_model: str | None = None  # openai: model name sent to the server
     api_key_env: str = "OPENAI_API_KEY"  # openai: environment variable holding the API key
     http_retries: int = 5  # openai: retries per request (exponential backoff)
-    max_turns: int = 30  # policy/openai: tool calls per attempt at most
+    max_turns: int | None = None  # policy/openai: turns per attempt (default: the scaffold, see --scaffold)
     temperature: float = 0.7  # policy/openai sampling temperature
-    max_tokens: int = 2048  # policy/openai: tokens per assistant turn
-    command_timeout: float = 180.0  # seconds per bash call
+    max_tokens: int | None = None  # policy/openai: tokens per assistant turn (default: the scaffold)
+    command_timeout: float | None = None  # seconds per bash call (default: the scaffold)
+    scaffold: str | None = None  # model folder whose scaffold.json the rows follow (default: the student's)
+    system_prompt: str | None = None  # the rows' system prompt (default: the scaffold's)
+    recovery_prompt: str | None = None  # the recovery turn, {instruction} = the task (default: scaffold)
+    no_internet: bool = False  # no network for any task (default: as each task.toml says)
     tokenizer: str | None = None  # tokenizer for the token-length stats (default: --model, else the tiny one)
     concurrency: int = 4  # tasks worked on at once
     task_filter: str | None = None  # regex: only tasks whose name matches
@@ -215,11 +219,11 @@ def recovery_plan(steps: list[tuple[str, str]], fault: Fault, from_start: bool) 
 def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: Fault
                ) -> tuple[dict | None, str]:
     """Run one faulty attempt + recovery in Docker; a row only if 1 fails and 2 passes."""
-    msgs = C.initial_messages(task.instruction)
+    msgs = C.initial_messages(task.instruction, cfg.system_prompt)
     run_descs = [d for j, (d, _) in enumerate(steps) if not (
         fault.kind == "drop" and j == fault.step or fault.kind == "stop" and j >= fault.step)]
     ran = []  # what the rollout's classify_failure looks at
-    with C.start_env(task) as env:
+    with C.start_env(task, internet=not cfg.no_internet) as env:
         for d, cmd in zip(run_descs, fault.commands, strict=True):
             r = act(env, msgs, f"Next: {d}.", cmd, cfg.command_timeout)
             ran.append({"command": cmd, "exit_code": r.exit_code, "timed_out": r.timed_out})
@@ -229,11 +233,11 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
     try:
         if first.reward >= 1.0:
             return None, "fault_did_not_fail"
-        msgs.append(C.recovery_message(task.instruction))
+        msgs.append(C.recovery_message(task.instruction, cfg.recovery_prompt))
         done = EXPLAIN[fault.kind][1].format(d=steps[fault.step][0])
         for from_start in (False, True):  # redo from the faulty step; if that is not enough, all
             out = list(msgs)
-            with C.fork(snap, task, 1)[0] as env:
+            with C.fork(snap, task, 1, not cfg.no_internet)[0] as env:
                 for thought, cmd in recovery_plan(steps, fault, from_start):
                     act(env, out, thought, cmd, cfg.command_timeout)
                 out.append({"role": "assistant", "content": f"I {done}; every step of the task has now "
@@ -338,7 +342,8 @@ def api_run(cfg: Config, task: C.Task, msgs: list[dict], snapshot: str | None = 
             ) -> types.SimpleNamespace:
     """The API model goes on from `msgs` in a fork of `snapshot` (a recovery), or else in a fresh
     container snapshotted before the verifier runs (a first attempt; the snapshot kept if it fails)."""
-    with C.fork(snapshot, task, 1)[0] if snapshot else C.start_env(task) as env:
+    net = not cfg.no_internet
+    with C.fork(snapshot, task, 1, net)[0] if snapshot else C.start_env(task, internet=net) as env:
         new = api_episode(cfg, env, msgs)
         snap = None if snapshot else env.snapshot()
         reward = env.verify().reward
@@ -348,12 +353,11 @@ def api_run(cfg: Config, task: C.Task, msgs: list[dict], snapshot: str | None = 
                                  category=None, snapshot=snap if reward < 1.0 else None)
 
 
-def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collections.Counter:
+def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer, scaffold: C.Scaffold
+                  ) -> collections.Counter:
     """Student attempts (a local model on a rollout pool, or the API), and the teacher's recovery
     in a fork of each failure as soon as it fails; only verified recoveries become rows."""
-    rcfg = C.RolloutConfig(max_turns=cfg.max_turns, command_timeout=cfg.command_timeout,
-                           concurrency=cfg.concurrency, sampling=C.SamplingConfig(
-                               temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed))
+    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, seed=cfg.seed), cfg.concurrency)
     done = {(r["task_id"], r.get("meta", {}).get("fault")) for r in writer.rows}
     todo = [(t, k) for t in tasks for k in range(cfg.attempts) if (t.name, f"attempt{k}") not in done]
     outcomes = collections.Counter()
@@ -370,11 +374,12 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collectio
                 "task_category": ep.task.category}))
 
     def api_recover(ep):
-        return api_run(cfg, ep.task, ep.messages + [C.recovery_message(ep.task.instruction)], ep.snapshot)
+        message = C.recovery_message(ep.task.instruction, cfg.recovery_prompt)
+        return api_run(cfg, ep.task, ep.messages + [message], ep.snapshot)
 
     if not (cfg.student_model or cfg.teacher == "policy"):  # the API is student and teacher
         def both(i: int):
-            ep = api_run(cfg, todo[i][0], C.initial_messages(todo[i][0].instruction))
+            ep = api_run(cfg, todo[i][0], C.initial_messages(todo[i][0].instruction, cfg.system_prompt))
             try:
                 return ep, (api_recover(ep) if ep.reward < 1.0 and ep.snapshot else None)
             finally:
@@ -391,9 +396,9 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collectio
     api = ThreadPoolExecutor(max(1, cfg.concurrency))  # an API teacher's recoveries
     api_jobs = []
     try:
-        with C.RolloutPool(student, rcfg) as pool:
+        with C.RolloutPool(student, rcfg, not cfg.no_internet) as pool:
             for i, (t, k) in enumerate(todo):  # snapshot="all" keeps nothing: a killed run's are reaped
-                ep = C.first_attempt(t, student.tokenizer, cfg.seed + i)
+                ep = C.first_attempt(t, student.tokenizer, rcfg, seed=cfg.seed + i)
                 pool.submit(ep, snapshot="all", tag=(k, None))
             for (k, attempt), ep in pool.completed():
                 if attempt is not None:  # the teacher's recovery of `attempt` ended
@@ -404,7 +409,7 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer) -> collectio
                     settle(ep, k, None)
                 elif teacher is not None:
                     state = C.FailureState.from_episode(ep, cfg.student_model or cfg.model)
-                    pool.submit(C.recovery_attempt(ep.task, state, teacher.tokenizer), ep.snapshot,
+                    pool.submit(C.recovery_attempt(ep.task, state, teacher.tokenizer, rcfg), ep.snapshot,
                                 tag=(k, ep), engine=teacher)
                 else:
                     api_jobs.append((ep, k, api.submit(api_recover, ep)))
@@ -500,6 +505,11 @@ def main(argv: list[str] | None = None) -> dict:
     argv = [("--import-path" + a[8:]) if a.split("=")[0] == "--import" else a
             for a in (sys.argv[1:] if argv is None else argv)]
     cfg = C.parse_config(Config, argv)
+    # One scaffold for every teacher: the rows are written under the prompts the student will see.
+    keys = ("max_turns", "max_tokens", "command_timeout", "system_prompt", "recovery_prompt")
+    scaffold = C.load_scaffold(cfg.scaffold or cfg.student_model or cfg.model,
+                               **{k: getattr(cfg, k) for k in keys})
+    cfg = dataclasses.replace(cfg, **{k: getattr(scaffold, k) for k in keys})
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.config.json").write_text(json.dumps({"argv": sys.argv, **dataclasses.asdict(cfg)}, indent=2))
@@ -529,7 +539,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit("--teacher policy needs --model (the teacher; --student-model defaults to it)")
         with C.env_session():
             if cfg.teacher != "oracle":
-                outcomes = recovery_rows(cfg, tasks, writer)
+                outcomes = recovery_rows(cfg, tasks, writer, scaffold)
             else:
                 outcomes = sum(run_each(cfg, lambda i: oracle_task(cfg, tasks[i], writer), tasks,
                                         "build[oracle]", collections.Counter(error=1)), collections.Counter())

@@ -18,6 +18,7 @@ the budget), rows of similar length are padded together into micro-batches of th
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import hashlib
 import math
@@ -102,6 +103,31 @@ def load_rows(path: str, all_assistant: bool) -> list[dict]:
     return rows
 
 
+def scaffold_from_rows(rows: list[dict], base: C.Scaffold) -> tuple[C.Scaffold, str]:
+    """The scaffold the rows were written under, for final/scaffold.json: their most common system
+    prompt, and their recovery turn with the row's task put back as {instruction} (imported ReTerm-10K
+    rows bring their own); `base` (the base model's) for whatever the rows don't carry."""
+    prompts, templates = collections.Counter(), collections.Counter()
+    for r in rows:
+        msgs, i = r["messages"], r.get("train_from_message_index") or 0
+        if msgs[0]["role"] == "system":
+            prompts[msgs[0]["content"]] += 1
+        task = next((m["content"] for m in msgs if m["role"] == "user"), "")
+        rec = msgs[i - 1] if i > 2 else {}
+        if rec.get("role") == "user" and task and task in rec["content"] and rec["content"] != task:
+            templates[rec["content"].replace(task, "{instruction}")] += 1
+    s = dataclasses.replace(base)
+    if prompts:
+        s.system_prompt = prompts.most_common(1)[0][0]
+    if templates:
+        s.recovery_prompt = templates.most_common(1)[0][0]
+    how = (f"system prompt of {prompts.most_common(1)[0][1]}/{len(rows)} rows ({len(prompts)} distinct)"
+           if prompts else "no system prompt in the rows: the base model's")
+    how += (f", recovery message of {sum(templates.values())} rows" if templates
+            else ", the base model's recovery message")
+    return s, how
+
+
 def fit(trace: C.TokenTrace, max_len: int) -> C.TokenTrace | None:
     """Keep the last max_len tokens when only context (mask 0) is cut; None when the trained span
     alone is longer than max_len (the row is dropped)."""
@@ -156,7 +182,8 @@ def tokenize_rows(cfg: Config, tok, out: Path, rank: int, world: int) -> tuple[l
     traces = [t for t, _ in done if t is not None]
     if not traces:
         raise ValueError(f"{cfg.data}: every row was dropped (trained span > --max-len {cfg.max_len})")
-    stats = {"rows": len(rows), "truncated": sum(c for _, c in done), "dropped": len(rows) - len(traces)}
+    stats = {"rows": len(rows), "truncated": sum(c for _, c in done), "dropped": len(rows) - len(traces),
+             "scaffold": scaffold_from_rows(rows, C.load_scaffold(cfg.model))}
     return traces, stats
 
 
@@ -372,6 +399,10 @@ def main(argv: list[str] | None = None) -> Path:
             return out / "ckpt"
     bar.close()
     final = C.export_hf(model, tok, out / "final", dtype=torch.bfloat16 if device.type == "cuda" else None)
+    if rank == 0:  # the scaffold it was trained under travels with the weights (stages 03-05 load it)
+        scaffold, how = stats["scaffold"]
+        scaffold.save(final)
+        C.log0(f"scaffold.json: {how}")
     C.log0(f"saved {final}")
     C.teardown_distributed()
     return final

@@ -32,15 +32,19 @@ class Config:
     engine: str = "vllm"  # vllm | hf
     attempts: int = 4  # k attempts per task
     concurrency: int = 16  # container slots (attempts running at once)
-    max_turns: int = 50  # assistant turns per attempt
-    max_context: int = 32768  # tokens per attempt
-    max_tokens: int = 2048  # tokens per assistant turn
+    max_turns: int | None = None  # assistant turns per attempt (default: the model's scaffold.json)
+    max_context: int | None = None  # tokens per attempt (default: the model's scaffold)
+    max_tokens: int | None = None  # tokens per assistant turn (default: the model's scaffold)
     temperature: float = 1.0  # sampling temperature
     top_p: float = 1.0  # nucleus sampling
-    command_timeout: float = 180.0  # seconds per bash call
+    command_timeout: float | None = None  # seconds per bash call (default: the model's scaffold)
     timeout_multiplier: float = 1.0  # scales task.toml timeouts
     seed: int = 0  # sampling seed
     task_filter: str | None = None  # regex: only tasks whose name matches
+    sample: int = 0  # draw N tasks of a large corpus from a seeded permutation (0 = all)
+    sample_skip: int = 0  # skip the permutation's first K (a held-out set disjoint from --sample K)
+    split_seed: int = 0  # seed of the --sample permutation
+    no_internet: bool = False  # no network for any task (default: as each task.toml says)
     policy: str | None = None  # policy identifier stored in records (default: the model folder)
     gc: bool = False  # only garbage-collect: remove unreferenced snapshots and records whose image is gone
 
@@ -96,7 +100,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     in (tests use a scripted one); by default it is built from --engine/--model."""
     out = Path(cfg.out)
     C.dump_config(cfg, out)
-    tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
+    tasks = C.load_tasks(cfg.tasks, cfg.task_filter, cfg.sample, cfg.sample_skip, cfg.split_seed)
     fail_path, log_path = out / "failures.jsonl", out / "attempts.jsonl"
     done = {(a["task"], a["attempt"]) for a in C.read_jsonl(log_path)}
     todo = [(t, k, i * cfg.attempts + k) for i, t in enumerate(tasks) for k in range(cfg.attempts)
@@ -105,22 +109,22 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     policy = cfg.policy or str(Path(cfg.model).resolve() if Path(cfg.model).exists() else cfg.model)
     with open(out / "runs.txt", "a") as f:  # which runs' kept snapshots --gc may remove
         f.write(C.RUN_ID + "\n")
-    rcfg = C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context,
-                           command_timeout=cfg.command_timeout, timeout_multiplier=cfg.timeout_multiplier,
-                           concurrency=cfg.concurrency, sampling=C.SamplingConfig(
-                               temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
-                               seed=cfg.seed))
+    scaffold = C.load_scaffold(cfg.model, max_turns=cfg.max_turns, max_context=cfg.max_context,
+                               max_tokens=cfg.max_tokens, command_timeout=cfg.command_timeout)
+    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, cfg.top_p, seed=cfg.seed),
+                            cfg.concurrency, cfg.timeout_multiplier)
     if todo and engine is None:
         engine = C.make_engine(cfg.engine, cfg.model,
-                               **({"max_model_len": cfg.max_context} if cfg.engine == "vllm" else {}))
+                               **({"max_model_len": scaffold.max_context} if cfg.engine == "vllm" else {}))
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="collect")
     # Each attempt is written as soon as it ends (a killed run loses only those in flight); a
     # failed attempt keeps its snapshot (keep=1), committed before the verifier ran.
-    with C.env_session(), C.RolloutPool(engine, rcfg) as pool:
+    with C.env_session(), C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
         for task, k, j in todo:  # attempt j of tasks x attempts samples with seed + j, resumed or not
-            pool.submit(C.first_attempt(task, engine.tokenizer, cfg.seed + j), snapshot="failed", tag=k)
+            ep = C.first_attempt(task, engine.tokenizer, rcfg, seed=cfg.seed + j)
+            pool.submit(ep, snapshot="failed", tag=k)
         for k, ep in pool.completed():
             rid = None
             if ep.reward < 1.0 and ep.snapshot:

@@ -68,11 +68,16 @@ class Config:
     is_cap: float = 2.0  # truncated importance weight cap (engine vs trainer); 0 = off
     micro_tokens: int = 32768  # padded tokens per micro-batch
     temperature: float = 1.0  # rollout sampling temperature
-    max_tokens: int = 4096  # per assistant turn
-    max_turns: int = 30  # assistant turns per recovery attempt
-    max_context: int = 32768  # tokens (failed attempt + recovery); the engine's max_model_len
-    command_timeout: float = 180.0  # seconds per bash call
+    max_tokens: int | None = None  # per assistant turn (default: the model's scaffold.json)
+    max_turns: int | None = None  # assistant turns per attempt (default: the model's scaffold)
+    max_context: int | None = None  # tokens (failed attempt + recovery), max_model_len (default: scaffold)
+    command_timeout: float | None = None  # seconds per bash call (default: the model's scaffold)
+    min_recovery_tokens: int = 0  # a state whose prefix leaves fewer tokens is skipped (0: 2 x max tokens)
     timeout_multiplier: float = 1.0  # scales the tasks' agent/verifier timeouts
+    sample: int = 0  # draw N tasks of a large corpus from a seeded permutation (0 = all)
+    sample_skip: int = 0  # skip the permutation's first K (a held-out set disjoint from --sample K)
+    split_seed: int = 0  # seed of the --sample permutation
+    no_internet: bool = False  # no network for any task (default: as each task.toml says)
     concurrency: int = 64  # containers stepped at once
     engine: str = "vllm"  # vllm | hf (transformers fallback)
     dtype: str = "bfloat16"  # engine weights' dtype
@@ -164,17 +169,29 @@ def pool_prune(pool: dict, cfg: Config) -> list[str]:
     return gone
 
 
-def init_pool(cfg: Config, out: Path, tasks: dict) -> dict:
-    pool = {"states": {}, "hist": {}, "retired": 0}
+def fits(state: C.FailureState, tasks: dict, tok, rcfg: C.RolloutConfig, min_tokens: int) -> bool:
+    """Whether the failed attempt + recovery message leave at least `min_tokens` of the context: a
+    state that fills it would get no recovery turn, score 0 forever and never leave the pool."""
+    prefix = len(C.recovery_attempt(tasks[state.task], state, tok, rcfg).trace)
+    return rcfg.max_context - prefix >= (min_tokens or 2 * rcfg.sampling.max_tokens)
+
+
+def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -> dict:
+    pool = {"states": {}, "hist": {}, "retired": 0, "skipped_long": 0}
     if cfg.mode == "fork" and cfg.failures:
         repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
         for s in load_failures(cfg.failures):
-            if s.task in tasks and s.id not in pool["states"]:
+            if s.task in tasks and not fits(s, tasks, tok, rcfg, cfg.min_recovery_tokens):
+                pool["skipped_long"] += 1
+            elif s.task in tasks and s.id not in pool["states"]:
                 try:  # a tag of the pool's own: dropping it later never touches the original image
                     C.docker_client().images.get(s.snapshot).tag(repo, s.id)
                     pool_add(pool, s, f"{repo}:{s.id}", 0)
                 except Exception as e:
                     C.log0(f"  skip state: snapshot {s.snapshot} unusable ({type(e).__name__})")
+        if pool["skipped_long"]:
+            C.log0(f"skipped {pool['skipped_long']} failure states whose prefix leaves less than the minimum "
+                   f"recovery budget of the {rcfg.max_context}-token context")
     return pool
 
 
@@ -215,11 +232,11 @@ def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.Rol
     # Forks and fresh attempts share one pool of container slots: no group waits for another.
     tok, snap = engine.tokenizer, "failed" if cfg.mode == "fork" else "none"
     states = [C.FailureState(**pool["states"][k]["state"]) for k in picked]
-    jobs = [(("fork", s.id, s.category), C.recovery_attempt(tasks[s.task], s, tok), s.snapshot)
+    jobs = [(("fork", s.id, s.category), C.recovery_attempt(tasks[s.task], s, tok, rcfg), s.snapshot)
             for s in states for _ in range(cfg.group_size)]
-    jobs += [(("fresh", t, "fresh", i), C.first_attempt(tasks[t], tok), None)
+    jobs += [(("fresh", t, "fresh", i), C.first_attempt(tasks[t], tok, rcfg), None)
              for i, t in enumerate(fresh) for _ in range(cfg.group_size)]
-    with C.RolloutPool(engine, rcfg) as rollouts:
+    with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
         for _, ep, image in jobs:
             rollouts.submit(ep, image, snapshot="none" if image else snap)
         for _ in rollouts.completed():
@@ -235,6 +252,9 @@ def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.Rol
             state = C.FailureState.from_episode(ep, f"step{step}")
             if state.id in pool["states"]:  # the very same failed attempt: one image is enough
                 C.remove_image(ep.snapshot)
+            elif not fits(state, tasks, tok, rcfg, cfg.min_recovery_tokens):
+                C.remove_image(ep.snapshot)
+                pool["skipped_long"] = pool.get("skipped_long", 0) + 1
             else:  # a new failure of the current policy
                 pool_add(pool, state, ep.snapshot, step)
                 added += 1
@@ -257,14 +277,15 @@ def step_metrics(groups: list, dropped: int, pool: dict) -> dict:
     by = collections.defaultdict(list)
     for kind, _, cat, g in groups:
         if kind == "fork":
-            by[cat] += [float(ep.reward >= 1.0) for ep in g]
+            by[cat] += [ep.reward for ep in g]
     fork = [x for v in by.values() for x in v]
     fresh = [ep.reward >= 1.0 for kind, _, _, g in groups if kind == "fresh" for ep in g]
     return {"reward": sum(ep.reward for ep in eps) / max(1, len(eps)),
-            "recovery": sum(fork) / len(fork) if fork else None,
-            "recovery_by_category": {k: sum(v) / len(v) for k, v in sorted(by.items())},
+            "recovery": C.recovery_rate(fork),  # Recovery@1 exactly as stage 05 reports it
+            "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
             "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
-            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool["states"])}
+            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool["states"]),
+            "pool_skipped_long": pool.get("skipped_long", 0)}
 
 
 # ── training ──────────────────────────────────────────────────────────────────────────────────────
@@ -378,20 +399,22 @@ def main(argv: list[str] | None = None) -> Path:
     extra = C.load_checkpoint(out / "ckpt", model, opt)
     start, env_total = (extra["step"], extra["env_steps"]) if extra else (0, 0)
     engine = pool = None
-    tasks = {t.name: t for t in C.load_tasks(cfg.tasks)}
+    tasks = {t.name: t for t in C.load_tasks(cfg.tasks, None, cfg.sample, cfg.sample_skip, cfg.split_seed)}
+    scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
+                               max_context=cfg.max_context, command_timeout=cfg.command_timeout)
+    # the engine is seeded; sampling.max_tokens comes from the scaffold
+    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, 1.0), cfg.concurrency,
+                            cfg.timeout_multiplier)
     with C.env_session():
         if rank == 0:
-            pool = extra["pool"] if extra else init_pool(cfg, out, tasks)
+            pool = extra["pool"] if extra else init_pool(cfg, out, tasks, tok, rcfg)
             _gc_orphans(out, pool)
             C.log0(f"{cfg.mode}: pool {len(pool['states'])} states, {len(tasks)} tasks, B={cfg.batch_states} "
                    f"G={cfg.group_size}, " + (f"resumed after step {start}" if extra else "from scratch"))
-            kw = {"max_model_len": cfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
+            kw = {"max_model_len": scaffold.max_context, "seed": cfg.seed, "gpu_memory_utilization":
                   cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
                   "in_process": world == 1} if cfg.engine == "vllm" else {}
             engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
-            sampling = C.SamplingConfig(cfg.temperature, 1.0, cfg.max_tokens)  # the engine is seeded
-            rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, cfg.command_timeout,
-                                   cfg.timeout_multiplier, cfg.concurrency, sampling)
         sleeps = isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep  # rank 0 only: it owns the engine
         if extra:
             push_weights(model, engine)  # the engine starts from the checkpoint's weights
@@ -443,6 +466,8 @@ def main(argv: list[str] | None = None) -> Path:
         if done > saved:  # the last step, or the one the environment-step budget stopped at
             C.save_checkpoint(out / "ckpt", model, opt, {"step": done, "env_steps": env_total, "pool": pool})
         final = C.export_hf(model, tok, out / "final")
+        if rank == 0:  # trained under this scaffold: stage 05 evaluates under it too
+            scaffold.save(final)
         if rank == 0 and not cfg.keep_pool:
             for s in pool["states"].values():
                 C.remove_image(s["state"]["snapshot"])

@@ -60,8 +60,8 @@ def parse_config(cls: type, argv: list[str] | None = None) -> Any:
         if type(None) in typing.get_args(tp):  # X | None -> X
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
         kw: dict[str, Any] = {"default": default, "help": helps.get(f.name, " ")}
-        if tp is bool:
-            kw["action"] = argparse.BooleanOptionalAction
+        if tp is bool:  # BooleanOptionalAction would read --no-internet as "internet off" = False
+            kw["action"] = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
         elif typing.get_origin(tp) is list:
             kw.update(nargs="*", type=typing.get_args(tp)[0])
         else:
@@ -152,7 +152,7 @@ class Task:
     memory_mb: int = 2048
     storage_mb: int | None = None
     docker_image: str | None = None
-    allow_internet: bool = True  # Harbor's default; a run still needs --allow-internet to use it
+    allow_internet: bool = True  # Harbor's default: network unless task.toml says false (or --no-internet)
     workdir: str | None = None
     version: str = "1.0"
     extra: dict = dataclasses.field(default_factory=dict)  # task.toml keys we don't interpret
@@ -235,15 +235,24 @@ def load_task(path: str | Path) -> Task:
     return task
 
 
-def load_tasks(root: str | Path, filter: str | None = None) -> list[Task]:
-    """Load every task folder under `root` (sorted by name); report all bad tasks at once."""
+def load_tasks(root: str | Path, filter: str | None = None, sample: int = 0, skip: int = 0,
+               seed: int = 0) -> list[Task]:
+    """Load every task folder under `root` (sorted by name); report all bad tasks at once.
+    sample > 0: only the tasks at positions skip .. skip+sample-1 of a permutation of the (filtered)
+    names seeded by `seed`, so `sample=N` and `sample=M, skip=N` with one seed are disjoint sets
+    (train / held-out) of a large corpus. Only the drawn folders are read."""
     root = Path(root)
     if not root.is_dir():
         raise TaskError(f"{root}: tasks folder does not exist")
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    dirs = [d for d in dirs if not filter or re.search(filter, d.name)]
+    if sample > 0:
+        import random
+
+        random.Random(seed).shuffle(dirs)
+        dirs = sorted(dirs[skip:skip + sample])
     tasks, errors = [], []
-    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if filter and not re.search(filter, d.name):
-            continue
+    for d in dirs:
         try:
             tasks.append(load_task(d))
         except TaskError as e:
@@ -251,7 +260,8 @@ def load_tasks(root: str | Path, filter: str | None = None) -> list[Task]:
     if errors:
         raise TaskError(f"{len(errors)} bad task(s) under {root}:\n  " + "\n  ".join(errors))
     if not tasks:
-        raise TaskError(f"{root}: no task folders" + (f" match {filter!r}" if filter else ""))
+        raise TaskError(f"{root}: no task folders" + (f" match {filter!r}" if filter else "")
+                        + (f" in the sample (skip {skip}, sample {sample})" if sample else ""))
     return tasks
 
 
@@ -288,6 +298,14 @@ def docker_client() -> Any:
                                "(root on Debian) or point DOCKER_HOST at a running engine.") from None
             _client = client
         return _client
+
+
+def ensure_docker_timeout(seconds: float) -> None:
+    """Raise the shared client's HTTP read timeout to at least `seconds` (never lower it): a command,
+    verifier or build blocks on one read, and TB2 tasks allow up to 12,000 s."""
+    api = docker_client().api
+    with _client_lock:
+        api.timeout = max(api.timeout or 0, seconds)
 
 
 def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) -> None:
@@ -355,24 +373,46 @@ def _dir_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+def _pull(image: str, timeout: float) -> None:
+    """docker pull with a time limit (a daemon thread: a hung registry can't block exit)."""
+    box: list = []
+
+    def pull() -> None:
+        try:
+            docker_client().images.pull(image)
+            box.append(None)
+        except Exception as e:
+            box.append(e)
+
+    t = threading.Thread(target=pull, daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box:
+        raise TimeoutError(f"pull still running after {timeout:.0f}s (build_timeout_sec)")
+    if box[0] is not None:
+        raise box[0]
+
+
 def task_image(task: Task) -> str:
-    """The task's image: `docker_image` if present or pullable, else build `environment/`
-    (cached under a tag derived from a hash of the folder's contents)."""
+    """The task's image. A pinned `docker_image` runs as published: present, or pulled within the
+    task's build_timeout_sec, or EnvError -- never a silent build of environment/, which may differ
+    from the snapshot the benchmark was scored on (stages build it only with --force-build, which
+    clears the pin). Unpinned tasks build environment/, cached under a hash of its contents."""
     import docker
 
     client = docker_client()
     if task.docker_image:
-        try:
+        with suppress(docker.errors.ImageNotFound):
             client.images.get(task.docker_image)
             return task.docker_image
-        except docker.errors.ImageNotFound:
-            try:
-                client.images.pull(task.docker_image)
-                return task.docker_image
-            except Exception as e:
-                if not (task.env_dir / "Dockerfile").is_file():
-                    raise EnvError(f"{task.name}: cannot pull {task.docker_image} ({e}) "
-                                   "and there is no environment/Dockerfile to build") from None
+        try:
+            _pull(task.docker_image, task.build_timeout_sec)
+        except Exception as e:
+            raise EnvError(f"{task.name}: pinned image {task.docker_image} is absent and could not be pulled "
+                           f"({type(e).__name__}: {str(e)[:300]}); --force-build builds environment/ "
+                           "instead") from None
+        return task.docker_image
+    ensure_docker_timeout(task.build_timeout_sec + 60)
     tag = f"reterm-task/{re.sub(r'[^a-z0-9._-]', '-', task.name.lower())}:{_dir_hash(task.env_dir)[:12]}"
     with _client_lock:
         lock = _build_locks.setdefault(tag, threading.Lock())
@@ -451,8 +491,9 @@ def _parse_reward(out: str, timeout: float) -> Verdict:
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
-    def __init__(self, container: Any, task: Task, image: str):
-        self.container, self.task, self.image = container, task, image
+    def __init__(self, container: Any, task: Task, image: str, internet: bool = False):
+        self.container, self.task, self.image, self.internet = container, task, image, internet
+        self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
 
     def __enter__(self) -> Env:
         return self
@@ -464,6 +505,7 @@ class Env:
              ) -> CmdResult:
         """Run one command like a terminal would: persistent cwd/env, killed after `timeout`."""
         t0 = time.monotonic()
+        ensure_docker_timeout(timeout + 60)
         argv = ["bash", "-c", _OUTER, "reterm", command, f"{timeout:.3f}", str(max_bytes), _INNER]
         try:
             r = self.container.exec_run(argv, environment=_EXEC_ENV)
@@ -482,6 +524,12 @@ class Env:
             tar.add(str(src), arcname=name)
         self.container.put_archive(parent or "/", buf.getvalue())
 
+    def download(self, src: str, dest: Path) -> None:
+        """Copy the contents of folder `src` in the container into host folder `dest`."""
+        stream, _ = self.container.get_archive(src.rstrip("/") + "/.")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            tar.extractall(dest, filter="data")
+
     def snapshot(self, keep: bool = False) -> str:
         """Commit the container's filesystem to a labelled image (call before verify). Non-strict:
         running processes and sockets are lost, only files (incl. the bash tool's cwd/env) persist."""
@@ -493,6 +541,7 @@ class Env:
     def verify(self, timeout: float | None = None) -> Verdict:
         """Upload tests/ now (never earlier), run test.sh, read the reward. Never raises."""
         timeout = timeout or self.task.verifier_timeout_sec
+        ensure_docker_timeout(timeout + 60)
         try:
             self.upload(self.task.tests_dir, "/tests")
             r = self.container.exec_run(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}"])
@@ -510,27 +559,33 @@ def _engine_ncpu() -> int:
     return int(docker_client().info().get("NCPU", os.cpu_count() or 1))
 
 
-def start_env(task: Task, image: str | None = None, allow_internet: bool = False) -> Env:
-    """Start a container for `task` (from its image, or from a snapshot image to fork)."""
+def start_env(task: Task, image: str | None = None, internet: bool = True) -> Env:
+    """Start a container for `task` (from its image, or from a snapshot image to fork). Network as
+    Harbor gives it: on unless task.toml says allow_internet = false; internet=False (--no-internet)
+    takes it away from every task."""
     import docker
 
     image, ncpu = image or task_image(task), _engine_ncpu()
+    net = internet and task.allow_internet
     try:
         c = docker_client().containers.run(
             image, ["sleep", "infinity"], detach=True, init=True,
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name},
-            network_mode="bridge" if (allow_internet and task.allow_internet) else "none",
+            network_mode="bridge" if net else "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
             working_dir=task.workdir)
     except docker.errors.APIError as e:
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
-    return Env(c, task, image)
+    # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
+    c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
+               user="root")
+    return Env(c, task, image, net)
 
 
-def fork(snapshot: str, task: Task, n: int) -> list[Env]:
+def fork(snapshot: str, task: Task, n: int, internet: bool = True) -> list[Env]:
     """n independent containers from one snapshot image (started concurrently)."""
     with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
-        futures = [pool.submit(start_env, task, snapshot) for _ in range(n)]
+        futures = [pool.submit(start_env, task, snapshot, internet) for _ in range(n)]
         envs, errors = [], []
         for f in futures:
             try:
@@ -675,19 +730,56 @@ def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
         return [], f"malformed tool call: {e}"
 
 
-def initial_messages(instruction: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+# The user turn that opens a recovery attempt (ReTerm §4): the task is restated in full because
+# failed attempts are long and the original instruction may be far back.
+RECOVERY_PROMPT = (
+    "Your previous attempt at this task FAILED: the task's tests did not pass.\n"
+    "The environment has NOT been reset: every file, package and change from that attempt "
+    "is still there. Inspect the current state, find and repair what is wrong, keep the "
+    "progress that is useful, and finish the original task.\n\n"
+    "The original task:\n{instruction}")
 
 
-def recovery_message(instruction: str) -> dict:
-    """The user turn that opens a recovery attempt (ReTerm §4): the task is restated in full
-    because failed attempts are long and the original instruction may be far back."""
-    return {"role": "user", "content": (
-        "Your previous attempt at this task FAILED: the task's tests did not pass.\n"
-        "The environment has NOT been reset: every file, package and change from that attempt "
-        "is still there. Inspect the current state, find and repair what is wrong, keep the "
-        "progress that is useful, and finish the original task.\n\n"
-        f"The original task:\n{instruction}")}
+def initial_messages(instruction: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": instruction}]
+
+
+def recovery_message(instruction: str, template: str = RECOVERY_PROMPT) -> dict:
+    return {"role": "user", "content": template.replace("{instruction}", instruction)}
+
+
+@dataclasses.dataclass
+class Scaffold:
+    """The agent scaffold: what the model is told and the limits it acts under. One definition for
+    every stage: 02 writes the one it trained with into the model folder (scaffold.json), and 03/04/05
+    roll out under the model's own, so a model is never evaluated under a prompt it was not trained
+    on. A stage flag may override a field; the override is logged."""
+
+    system_prompt: str = SYSTEM_PROMPT
+    recovery_prompt: str = RECOVERY_PROMPT  # "{instruction}" stands for the task's instruction
+    max_turns: int = 50  # assistant turns per attempt
+    max_tokens: int = 4096  # tokens per assistant turn
+    max_context: int = 32768  # tokens per attempt (prefix included); the engine's max_model_len
+    command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
+    max_output_bytes: int = MAX_OUTPUT_BYTES  # a command's output is cut to its head and tail
+
+    def save(self, model_dir: str | Path) -> None:
+        (Path(model_dir) / "scaffold.json").write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+
+def load_scaffold(model: str | Path | None, log: Callable[[str], None] = log0, **overrides: Any) -> Scaffold:
+    """The scaffold in `model`/scaffold.json (the default where there is none, e.g. a hub name), with
+    every override that is not None applied and logged."""
+    path = Path(model) / "scaffold.json" if model else None
+    fields = {f.name for f in dataclasses.fields(Scaffold)}
+    saved = json.loads(path.read_text()) if path and path.is_file() else {}
+    s = Scaffold(**{k: v for k, v in saved.items() if k in fields})
+    for k, v in overrides.items():
+        if v is not None and v != getattr(s, k):
+            was = f"{'the model' if saved else 'the default'} says {getattr(s, k)!r}"
+            log(f"scaffold: {k} = {v!r} (flag; {was})")
+            setattr(s, k, v)
+    return s
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -1414,6 +1506,12 @@ ERROR_CATEGORIES = {
 }
 
 
+def recovery_rate(rewards: list[float]) -> float | None:
+    """Recovery@1 of a set of recovery attempts, the way Pass@1 scores trials: the mean reward.
+    Stages 04 and 05 both report this, so their figures compare."""
+    return sum(rewards) / len(rewards) if rewards else None
+
+
 def classify_failure(ep: Episode) -> str:
     """The error category of a failed attempt; rules are checked in ERROR_CATEGORIES' order."""
     if ep.end == "timeout":
@@ -1438,6 +1536,17 @@ class RolloutConfig:
     timeout_multiplier: float = 1.0  # scales task.toml's agent/verifier timeouts
     concurrency: int = 16  # container slots: episodes alive at once
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    system_prompt: str = SYSTEM_PROMPT  # the rest of the scaffold (see Scaffold)
+    recovery_prompt: str = RECOVERY_PROMPT
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+
+
+def rollout_config(s: Scaffold, sampling: SamplingConfig, concurrency: int, timeout_multiplier: float = 1.0
+                   ) -> RolloutConfig:
+    """The rollout settings of a scaffold (sampling.max_tokens is set from it)."""
+    sampling = dataclasses.replace(sampling, max_tokens=s.max_tokens)
+    return RolloutConfig(s.max_turns, s.max_context, s.command_timeout, timeout_multiplier, concurrency,
+                         sampling, s.system_prompt, s.recovery_prompt, s.max_output_bytes)
 
 
 @dataclasses.dataclass
@@ -1454,6 +1563,7 @@ class Episode:
     malformed: int = 0
     reward: float = 0.0
     verify_error: str | None = None
+    verify_output: str = ""  # tail of the verifier's stdout
     error: str | None = None  # the environment failed (container start, exec, snapshot): reward 0
     snapshot: str | None = None  # committed before verification, if asked for
     category: str | None = None  # classify_failure() when reward < 1 (None for an error)
@@ -1463,7 +1573,8 @@ class Episode:
     def record(self) -> dict:
         """JSON-able: what stages write to disk (trajectories, failure records)."""
         keys = ("parent", "seed", "turns", "end", "commands", "malformed", "reward", "verify_error",
-                "error", "snapshot", "category", "seconds", "queue_s", "attempt_from", "messages")
+                "verify_output", "error", "snapshot", "category", "seconds", "queue_s", "attempt_from",
+                "messages")
         return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
                 "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
 
@@ -1487,17 +1598,20 @@ class FailureState:
                    ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy)
 
 
-def first_attempt(task: Task, tokenizer: Any, seed: int | None = None) -> Episode:
-    messages = initial_messages(task.instruction)
+def first_attempt(task: Task, tokenizer: Any, cfg: RolloutConfig | None = None, seed: int | None = None
+                  ) -> Episode:
+    messages = initial_messages(task.instruction, (cfg or RolloutConfig()).system_prompt)
     trace = TokenTrace.start(tokenizer, messages)
     return Episode(task, messages, trace, attempt_from=len(messages), seed=seed)
 
 
-def recovery_attempt(task: Task, state: FailureState, tokenizer: Any, seed: int | None = None) -> Episode:
+def recovery_attempt(task: Task, state: FailureState, tokenizer: Any, cfg: RolloutConfig | None = None,
+                     seed: int | None = None) -> Episode:
     """Context = the failed attempt's exact tokens + (late observations and) the recovery
     message as one delta; nothing of the failed attempt is trained on (mask 0)."""
     last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
-    pending = state.messages[last + 1:] + [recovery_message(task.instruction)]
+    template = (cfg or RolloutConfig()).recovery_prompt
+    pending = state.messages[last + 1:] + [recovery_message(task.instruction, template)]
     trace = TokenTrace()
     trace.add_context(list(state.ids))
     trace.add_context(delta_ids(tokenizer, state.messages[: last + 1], pending))
@@ -1534,7 +1648,8 @@ def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutCon
     content = text[: text.index("<tool_call>")].strip()
     ep.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
     command = calls[0]["function"]["arguments"]["command"]
-    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, time_left)))
+    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, time_left)),
+                   max_bytes=cfg.max_output_bytes)
     ep.commands.append({"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out,
                         "seconds": round(res.seconds, 3)})
     note = f"\n[only the first of {len(calls)} tool calls was run]" if len(calls) > 1 else ""
@@ -1629,7 +1744,7 @@ class RolloutPool:
     (container won't start or dies, an exec or snapshot errors) ends only that episode, with
     `error` set and reward 0; an engine failure is raised. Use as a context manager."""
 
-    def __init__(self, engine: Any, cfg: RolloutConfig, internet: bool = False):
+    def __init__(self, engine: Any, cfg: RolloutConfig, internet: bool = True):
         self.engine, self.cfg, self.internet = engine, cfg, internet
         self.slots = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="reterm-slot")
         self.queues: dict[int, EngineQueue] = {}
@@ -1734,7 +1849,7 @@ def _finish(ep: Episode, env: Env, snapshot: str, cfg: RolloutConfig) -> None:
     if snapshot != "none":
         ep.snapshot = env.snapshot(keep=snapshot == "failed")
     v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
-    ep.reward, ep.verify_error = v.reward, v.error
+    ep.reward, ep.verify_error, ep.verify_output = v.reward, v.error, v.output
     if ep.reward < 1.0:
         ep.category = classify_failure(ep)
     elif snapshot == "failed" and ep.snapshot:
@@ -1743,7 +1858,7 @@ def _finish(ep: Episode, env: Env, snapshot: str, cfg: RolloutConfig) -> None:
 
 
 def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
-                 snapshot: str = "none", internet: bool = False) -> dict:
+                 snapshot: str = "none", internet: bool = True) -> dict:
     """Run every episode in a RolloutPool (an image per episode: None = its task's image, or a
     snapshot to fork); returns the pool's stats. snapshot: see RolloutPool.submit."""
     with RolloutPool(engine, cfg, internet) as pool:
@@ -1755,24 +1870,25 @@ def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any,
 
 
 def run_attempts(tasks: list[Task], engine: Any, cfg: RolloutConfig, snapshot: str = "none",
-                 internet: bool = False) -> tuple[list[Episode], dict]:
+                 internet: bool = True) -> tuple[list[Episode], dict]:
     """First attempts: one fresh container per entry of `tasks` (repeat a task for k attempts);
     attempt i samples with seed cfg.sampling.seed + i."""
     base = cfg.sampling.seed
-    episodes = [first_attempt(t, engine.tokenizer, None if base is None else base + i)
+    episodes = [first_attempt(t, engine.tokenizer, cfg, None if base is None else base + i)
                 for i, t in enumerate(tasks)]
     return episodes, run_episodes(episodes, [None] * len(tasks), engine, cfg, snapshot, internet)
 
 
 def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, engine: Any,
-                   cfg: RolloutConfig, snapshot: str = "none") -> tuple[list[list[Episode]], dict]:
+                   cfg: RolloutConfig, snapshot: str = "none", internet: bool = True
+                   ) -> tuple[list[list[Episode]], dict]:
     """Fork n containers from each failure state and let the policy recover in each; returns
     one group of n episodes per state (the GRPO group)."""
     base = cfg.sampling.seed
-    episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer, None if base is None else base + i)
-                for i, s in enumerate(s for s in states for _ in range(n))]
+    episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer, cfg, None if base is None else base + i)
+                for i, s in enumerate([s for s in states for _ in range(n)])]
     images = [s.snapshot for s in states for _ in range(n)]
-    stats = run_episodes(episodes, images, engine, cfg, snapshot)
+    stats = run_episodes(episodes, images, engine, cfg, snapshot, internet)
     return [episodes[k * n:(k + 1) * n] for k in range(len(states))], stats
 
 

@@ -145,7 +145,7 @@ def main() -> None:
         cfg = C.RolloutConfig(max_turns=args.turns + 1, max_context=4096, concurrency=args.concurrency,
                               sampling=C.SamplingConfig(temperature=1.0, max_tokens=args.max_tokens, seed=0))
         episodes = lambda: [C.first_attempt(dataclasses.replace(task, instruction=f"Run the commands. "  # noqa: E731
-                                                                f"[episode {i}]"), real.tokenizer, i)
+                                                                f"[episode {i}]"), real.tokenizer, seed=i)
                             for i in range(args.episodes)]
         res = {}
         with C.env_session():

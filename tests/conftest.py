@@ -49,6 +49,7 @@ def write_task(root: Path, name: str, *, solve: str = "echo ok > /app/out.txt",
         [environment]
         cpus = 1
         memory = "512M"
+        allow_internet = false
         """))
     (d / "environment" / "Dockerfile").write_text(
         dockerfile or f"FROM {C.BASE_IMAGE}\nWORKDIR /app\n")

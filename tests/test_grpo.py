@@ -235,9 +235,29 @@ def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
     assert "resumed after step 1" in capsys.readouterr().out
     assert [r["step"] for r in C.read_jsonl(out / "metrics.jsonl")] == [1, 2]
     assert (out / "final" / "config.json").exists() and C.load_model(out / "final") is not None
+    assert C.load_scaffold(out / "final").max_turns == 2  # the scaffold it trained under, for stage 05
     assert not _has_containers()
     client = C.docker_client()
     mine = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
     assert not [t for im in client.images.list() for t in im.tags if t.startswith(mine)]  # pool tags gone
     for s in states:
         client.images.get(s.snapshot)  # still there
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_failure_states_that_fill_the_context_are_skipped_at_load(make_task, tmp_path):
+    task = C.load_task(make_task("long"))
+    tok = C.make_tiny_tokenizer()
+    rcfg = C.RolloutConfig(max_context=4096, sampling=C.SamplingConfig(max_tokens=512))
+    msgs = C.initial_messages(task.instruction) + [{"role": "assistant", "content": "done"}]
+    short = C.FailureState("short", task.name, "reterm-test/absent:x", msgs, [1] * 100, "gave_up_early")
+    long = dataclasses.replace(short, id="long", ids=[1] * 3500)  # leaves < 2 turns of 512 tokens
+    for st in (short, long):
+        C.append_jsonl(tmp_path / "failures.jsonl", dataclasses.asdict(st))
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", str(tmp_path), "--failures",
+                                    str(tmp_path / "failures.jsonl")])
+    tasks = {task.name: task}
+    assert G.fits(short, tasks, tok, rcfg, 0) and not G.fits(long, tasks, tok, rcfg, 0)
+    assert G.fits(long, tasks, tok, rcfg, 64)  # --min-recovery-tokens 64
+    pool = G.init_pool(cfg, tmp_path, tasks, tok, rcfg)  # the short one's image is absent: skipped too
+    assert pool["skipped_long"] == 1 and "long" not in pool["states"]
