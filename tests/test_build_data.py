@@ -205,7 +205,8 @@ def test_policy_teacher_recovers_student_failures(docker_ready, make_task, tmp_p
         assert row["messages"][tfi - 1] == C.recovery_message(C.load_task(task_dir).instruction)
         assert B.commands_of(row["messages"][:tfi]) == ["echo nope > /app/out.txt"]
         assert B.commands_of(row["messages"][tfi:]) == ["cat /app/out.txt", "echo ok > /app/out.txt"]
-        assert row["meta"]["teacher"] == "scripted" and row["meta"]["fault"] == "attempt0"
+        # attempts finish in any order: whichever identical recovery was verified first is kept
+        assert row["meta"]["teacher"] == "scripted" and row["meta"]["fault"] in ("attempt0", "attempt1")
         assert C.tokenize_messages(C.make_tiny_tokenizer(), row["messages"], tfi).mask.count(1) > 0
 
 
