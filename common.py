@@ -81,34 +81,50 @@ def dump_config(cfg: Any, out_dir: str | Path) -> None:
 
 
 def append_jsonl(path: str | Path, row: dict) -> None:
-    """Append one row and flush it to disk: a killed run loses nothing already written."""
+    """Append one row and flush it to disk: a killed run loses nothing already written. A torn last
+    line (a run killed mid-write) is cut first, so the new row doesn't glue onto it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
+    with open(path, "a+b") as f:
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = path.read_bytes()
+                f.truncate(data.rfind(b"\n") + 1)
+        f.write((json.dumps(row, default=str) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Read a JSONL file; a torn last line (a run killed mid-write) is ignored."""
+def read_jsonl(path: str | Path, strict: bool = False) -> list[dict]:
+    """Read a JSONL file. A torn last line (a run killed mid-write) is ignored in our own logs;
+    strict=True (datasets, imports) refuses it, and empty input, naming the file and line."""
     path = Path(path)
-    lines = path.read_text().splitlines() if path.exists() else []
+    if strict and not path.is_file():
+        raise DataError(f"{path}: no such file")
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
+        except json.JSONDecodeError as e:
+            if strict or i != len(lines) - 1:
+                torn = " (a cut-off last line?)" if i == len(lines) - 1 else ""
+                raise DataError(f"{path}:{i + 1}: not valid JSON{torn}: {e.msg}") from None
+    if strict and not rows:
+        raise DataError(f"{path}: empty dataset (no rows)")
     return rows
 
 
 class UserError(Exception):
     """A problem the user fixes (bad task, engine down, missing package or folder): a stage run
     from the command line prints it as one line instead of a traceback."""
+
+
+class DataError(UserError, ValueError):
+    """A bad dataset row or input line; the message names the file and line."""
 
 
 def run_main(main: Callable[[], Any]) -> None:

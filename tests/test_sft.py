@@ -237,13 +237,15 @@ def test_torchrun_two_processes_equal_one(models, data, tmp_path):
 
 
 @pytest.mark.parametrize("mutate,message", [
-    (lambda r: r.pop("messages"), "row 2 (id='row-1'): 'messages' must be a non-empty list"),
-    (lambda r: r["messages"][3].update(role="robot"), "row 2 (id='row-1'): messages[3] needs a role"),
-    (lambda r: r.update(train_from_message_index="7"), "row 2 (id='row-1'): 'train_from_message_index' must"),
-    (lambda r: r.update(train_from_message_index=99), "row 2 (id='row-1'): train_from_message_index 99 is "
-                                                      "past the end"),
+    (lambda r: r.pop("messages"), "bad.jsonl:2 (id='row-1'): 'messages' must be a non-empty"),
+    (lambda r: r["messages"][3].update(role="robot"), "bad.jsonl:2 (id='row-1'): messages[3] needs a"),
+    (lambda r: r.update(train_from_message_index="7"),
+     "bad.jsonl:2 (id='row-1'): 'train_from_message_index' must"),
+    (lambda r: r.update(train_from_message_index=99),
+     "bad.jsonl:2 (id='row-1'): train_from_message_index 99 is past the end"),
     (lambda r: r.update(messages=r["messages"][:-1] + [{"role": "user", "content": "hi"}],
-                        train_from_message_index=len(r["messages"]) - 1), "row 2 (id='row-1'): no assistant"),
+                        train_from_message_index=len(r["messages"]) - 1),
+     "bad.jsonl:2 (id='row-1'): no assistant"),
 ])
 def test_bad_rows_are_named(models, tmp_path, mutate, message):
     rows = [make_row(0), make_row(1)]
@@ -251,12 +253,18 @@ def test_bad_rows_are_named(models, tmp_path, mutate, message):
     path = write_rows(tmp_path / "bad.jsonl", rows)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         run(path, models["qwen3"], tmp_path / "out", "--max-steps", "1")
+    assert not (tmp_path / "out").exists()  # nothing left behind by a refused input
 
 
 def test_empty_dataset_and_missing_paths(models, tmp_path):
     empty = write_rows(tmp_path / "empty.jsonl", [])
     with pytest.raises(ValueError, match=f"{empty}: empty dataset"):
         run(empty, models["qwen3"], tmp_path / "out")
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(json.dumps(make_row(0)) + "\n" + json.dumps(make_row(1))[:-9])
+    with pytest.raises(C.DataError, match=f"^{torn}:2: not valid JSON \\(a cut-off last line\\?\\)"):
+        run(torn, models["qwen3"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nope.jsonl: data file does not exist"):
         run(tmp_path / "nope.jsonl", models["qwen3"], tmp_path / "out")
     data = write_rows(tmp_path / "ok.jsonl", [make_row(0)])
