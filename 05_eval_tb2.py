@@ -42,6 +42,7 @@ class Config:
     task_filter: str | None = None  # regex: only tasks whose name matches
     timeout_multiplier: float = 1.0  # scales agent and verifier timeouts from task.toml
     allow_internet: bool = False  # give containers a network when the task allows it
+    retry_errors: bool = False  # on resume, also re-run trials lost to an infrastructure error ("infra: ...")
 
 
 def run_trial(cfg: Config, task: C.Task, trial: int) -> dict:
@@ -60,7 +61,7 @@ def run_trial(cfg: Config, task: C.Task, trial: int) -> dict:
             verdict = env.verify(task.verifier_timeout_sec * cfg.timeout_multiplier)
             row["reward"], row["error"] = verdict.reward, verdict.error
     except Exception as e:  # build/start failures count 0, like Harbor
-        row["error"] = f"{type(e).__name__}: {e}"
+        row["error"] = C.infra_error("trial", e)
     row["seconds"] = round(time.monotonic() - t0, 2)
     return row
 
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(cfg.out)
     C.dump_config(cfg, out)
     trials_path = out / "trials.jsonl"
-    done = {(r["task"], r["trial"]) for r in C.read_jsonl(trials_path)}
+    done = {(r["task"], r["trial"]) for r in C.read_jsonl(trials_path)
+            if not (cfg.retry_errors and C.is_infra_error(r.get("error")))}
     todo = [(t, k) for t in tasks for k in range(cfg.trials) if (t.name, k) not in done]
     C.log0(f"{len(tasks)} tasks x {cfg.trials} trials: {len(done)} done, {len(todo)} to run")
     with C.env_session():
@@ -164,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
                                              desc=f"eval[{cfg.agent}]"):
                 C.append_jsonl(trials_path, row)
     names = {t.name for t in tasks}
-    rows = [r for r in C.read_jsonl(trials_path) if r["task"] in names and r["trial"] < cfg.trials]
+    latest = {(r["task"], r["trial"]): r for r in C.read_jsonl(trials_path)}  # a retried trial's last row
+    rows = [r for r in latest.values() if r["task"] in names and r["trial"] < cfg.trials]
     summary = summarize(rows, len(tasks))
     recs = [r for r in C.read_jsonl(out / "recovery.jsonl") if r["task"] in names]
     if recs:

@@ -182,3 +182,49 @@ def test_a_killing_policy_in_a_05_run_leaves_every_other_trial_scored(make_task,
     assert len(rows) == 8 and s["n_trials"] == 8
     assert all(rows[(t, k)]["reward"] == 1.0 for t in ("good1", "good2", "good3") for k in (0, 1))
     assert all(rows[("killer", k)]["reward"] == 0.0 for k in (0, 1))
+
+
+def test_fork_mode_with_no_usable_state_is_refused(make_task, tmp_path):
+    grpo = importlib.import_module("04_reterm_grpo")
+    task = C.load_task(make_task("nostate"))
+    state = C.FailureState("abc", task.name, "reterm-snap/gone:nope", [], [1], "timeout")
+    C.append_jsonl(tmp_path / "failures.jsonl", __import__("dataclasses").asdict(state))
+    model = C.make_tiny_model(tmp_path / "tiny", arch="qwen3")
+    with pytest.raises(C.UserError, match="--mode fork: no usable failure state in .*failures.jsonl"):
+        grpo.main(["--failures", str(tmp_path / "failures.jsonl"), "--model", str(model), "--out",
+                   str(tmp_path / "grpo"), "--tasks", str(task.path.parent), "--steps", "1", "--engine", "hf",
+                   "--fresh-frac", "0.5"])
+
+
+def test_retry_errors_reruns_only_infrastructure_failures(make_task, tmp_path):
+    ev = importlib.import_module("05_eval_tb2")
+    make_task("a")
+    out = tmp_path / "ev"
+    infra = {"task": "a", "trial": 0, "category": "file-operations", "difficulty": "easy", "reward": 0.0,
+             "error": C.infra_error("trial", C.EnvError("engine restarted")), "turns": 0}
+    agent = infra | {"trial": 1, "error": "no reward file written (test.sh exit 1)"}
+    C.append_jsonl(out / "trials.jsonl", infra)
+    C.append_jsonl(out / "trials.jsonl", agent)
+    args = ["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--trials", "2"]
+    assert ev.main(args)["pass_at_1"] == 0.0  # plain resume: nothing re-run
+    s = ev.main(args + ["--retry-errors"])
+    rows = C.read_jsonl(out / "trials.jsonl")
+    assert len(rows) == 3 and rows[-1]["trial"] == 0 and rows[-1]["reward"] == 1.0
+    assert (s["n_trials"], s["pass_at_1"], s["n_errors"]) == (2, 0.5, 1)  # the retried row replaces the old
+
+
+def test_reap_spares_live_runs_unless_all(make_task):
+    client, task = C.docker_client(), C.load_task(make_task("reap"))
+    image = C.task_image(task)
+    mine = C.start_env(task)  # labelled with this (live) process
+    labels = {C.LABEL: "1", "reterm.run": "deadrun", "reterm.host": C.socket.gethostname(),
+              "reterm.pid": "999999"}
+    dead = client.containers.run(image, ["sleep", "60"], detach=True, labels=labels, network_mode="none")
+    try:
+        C.reap(run_id=None)
+        ids = {c.id for c in client.containers.list(all=True, filters={"label": C.LABEL})}
+        assert mine.container.id in ids and dead.id not in ids
+    finally:
+        mine.close()
+        with __import__("contextlib").suppress(Exception):
+            dead.remove(force=True)
