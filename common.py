@@ -476,7 +476,7 @@ fg=$!
   done ) \\
   >/dev/null 2>&1 3>&- &
 wd=$!
-wait $fg; rc=$?; kill $wd 2>/dev/null
+{{ wait $fg; }} 2>/dev/null; rc=$?; kill $wd 2>/dev/null
 [ $rc = 124 ] || [ $rc = 137 ] && k $1
 read -t 1 -u 3 || : >$o/done
 i=$(<$o/i); n=$(cat $o/h $o/c* 2>/dev/null | wc -c); n=$(( n + (i > 2 ? (i - 2) * C : 0) ))
