@@ -130,8 +130,10 @@ def test_tokenising_with_workers_matches_serial(models, tmp_path):
     path = write_rows(tmp_path / "rows.jsonl", rows)
     tok = C.load_tokenizer(models["qwen3"])
     cfg = sft.Config(data=str(path), max_len=600)  # a few rows lose context from the left
-    serial, stats = sft.tokenize_rows(dataclasses.replace(cfg, tokenize_workers=1), tok, tmp_path / "s", 0, 1)
-    pooled, stats2 = sft.tokenize_rows(cfg, tok, tmp_path / "p", 0, 1)  # 2 forked workers
+    rows = sft.load_rows(cfg.data, cfg.all_assistant)
+    one = dataclasses.replace(cfg, tokenize_workers=1)
+    serial, stats = sft.tokenize_rows(one, rows, tok, tmp_path / "s", 0, 1)
+    pooled, stats2 = sft.tokenize_rows(cfg, rows, tok, tmp_path / "p", 0, 1)  # 2 forked workers
     assert stats == stats2 and stats["truncated"] > 0 and stats["rows"] == 32
     pairs = list(zip(serial, pooled, strict=True))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in pairs)
