@@ -479,6 +479,31 @@ def convert_row(raw: object) -> dict:
             "trajectory_sha256": sha}
 
 
+def read_import(path: str) -> list[tuple[str, object]]:
+    """(file:line, row) for a JSON array or JSONL file; unreadable JSON and empty input are one-line
+    errors naming the file and line, and a file whose every row is refused is refused as a whole."""
+    text = Path(path).read_text(errors="replace")  # FileNotFoundError names a missing path
+    if text.lstrip().startswith("["):
+        try:
+            raws = [(f"{path} row {i + 1}", r) for i, r in enumerate(json.loads(text))]
+        except json.JSONDecodeError as e:
+            raise C.DataError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+    else:
+        lines = {i + 1: line for i, line in enumerate(text.splitlines()) if line.strip()}
+        raws = list(zip((f"{path}:{i}" for i in lines), C.read_jsonl(path, strict=True), strict=True))
+    if not raws:
+        raise C.DataError(f"{path}: empty (no rows to import)")
+    bad = []
+    for where, raw in raws:
+        try:
+            convert_row(raw)
+        except ValueError as e:
+            bad.append(f"{where}: {e}")
+    if len(bad) == len(raws):
+        raise C.DataError(f"{path}: no importable row; first problem: {bad[0]}")
+    return raws
+
+
 # ── stats · main ────────────────────────────────────────────────────────────
 
 
@@ -511,21 +536,19 @@ def main(argv: list[str] | None = None) -> dict:
                                **{k: getattr(cfg, k) for k in keys})
     cfg = dataclasses.replace(cfg, **{k: getattr(scaffold, k) for k in keys})
     out = Path(cfg.out)
+    raws = read_import(cfg.import_path) if cfg.import_path else []  # refused before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.config.json").write_text(json.dumps({"argv": sys.argv, **dataclasses.asdict(cfg)}, indent=2))
     writer = Writer(out)
     n_before, n_tasks = len(writer.rows), None
     if cfg.import_path:
-        text = Path(cfg.import_path).read_text()  # a JSON array or JSONL
-        raws = json.loads(text) if text.lstrip().startswith("[") else [
-            json.loads(line) for line in text.splitlines() if line.strip()]
         rejected = 0
-        for i, raw in enumerate(raws):
+        for where, raw in raws:
             try:
                 writer.add(convert_row(raw))
             except ValueError as e:
                 rejected += 1
-                print(f"row {i} (id={raw.get('id') if isinstance(raw, dict) else None}): {e}")
+                print(f"{where} (id={raw.get('id') if isinstance(raw, dict) else None}): {e}")
         C.log0(f"imported {len(writer.rows) - n_before} rows into {out} ({rejected} rejected, "
                f"{writer.duplicates} duplicates)")
     else:

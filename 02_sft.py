@@ -95,11 +95,17 @@ def check_row(row: object, where: str, all_assistant: bool) -> None:
 
 
 def load_rows(path: str, all_assistant: bool) -> list[dict]:
-    rows = C.read_jsonl(path)
-    if not rows:
-        raise ValueError(f"{path}: empty dataset (no rows)")
-    for i, row in enumerate(rows):
-        check_row(row, f"{path} row {i + 1}", all_assistant)
+    """Every row, checked: a bad one is a one-line DataError naming file:line (a torn last line too)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: data file does not exist")
+    rows = C.read_jsonl(path, strict=True)
+    text = Path(path).read_text(errors="replace")
+    lines = [i + 1 for i, line in enumerate(text.splitlines()) if line.strip()]
+    for line, row in zip(lines, rows, strict=True):
+        try:
+            check_row(row, f"{path}:{line}", all_assistant)
+        except ValueError as e:
+            raise C.DataError(str(e)) from None
     return rows
 
 
@@ -153,14 +159,12 @@ def tokenize_row(job: tuple) -> tuple:
     return (torch.tensor(t.ids, dtype=torch.int32), torch.tensor(t.mask, dtype=torch.int8)), t is not full
 
 
-def tokenize_rows(cfg: Config, tok, out: Path, rank: int, world: int) -> tuple[list[tuple], dict]:
+def tokenize_rows(cfg: Config, rows: list[dict], tok, out: Path, rank: int, world: int
+                  ) -> tuple[list[tuple], dict]:
     """Every row as compact (ids, mask) tensors fitted to --max-len. Rendering chat-template deltas
     costs O(turns^2) on long rows (seconds for a 200-message row), so each rank tokenises every
     world-th row with a process pool, and the shards are cached in the run folder for resumes."""
     global _TOK
-    if not Path(cfg.data).is_file():
-        raise FileNotFoundError(f"{cfg.data}: data file does not exist")
-    rows = load_rows(cfg.data, cfg.all_assistant)
     key = hashlib.sha256(Path(cfg.data).read_bytes() + repr((tok.chat_template, len(tok), cfg.max_len,
                                                               cfg.all_assistant)).encode()).hexdigest()
     shard = out / f"tokens.{rank}-of-{world}.pt"
@@ -287,12 +291,13 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(cfg.out)
     if cfg.micro_batch_tokens < cfg.max_len:
         raise ValueError(f"--micro-batch-tokens {cfg.micro_batch_tokens} must be >= --max-len {cfg.max_len}")
+    rows = load_rows(cfg.data, cfg.all_assistant)  # before anything is written: refused input leaves nothing
     tok = C.load_tokenizer(cfg.model)  # FileNotFoundError naming a missing model path
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         C.dump_config(cfg, out)
     C.barrier()
-    traces, stats = tokenize_rows(cfg, tok, out, rank, world)
+    traces, stats = tokenize_rows(cfg, rows, tok, out, rank, world)
     lengths = [len(ids) for ids, _ in traces]
 
     torch.manual_seed(cfg.seed)

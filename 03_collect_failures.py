@@ -46,6 +46,7 @@ class Config:
     split_seed: int = 0  # seed of the --sample permutation
     no_internet: bool = False  # no network for any task (default: as each task.toml says)
     policy: str | None = None  # policy identifier stored in records (default: the model folder)
+    retry_errors: bool = False  # on resume, also re-run attempts lost to an infrastructure error
     gc: bool = False  # only garbage-collect: remove unreferenced snapshots and records whose image is gone
 
 
@@ -102,7 +103,8 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     C.dump_config(cfg, out)
     tasks = C.load_tasks(cfg.tasks, cfg.task_filter, cfg.sample, cfg.sample_skip, cfg.split_seed)
     fail_path, log_path = out / "failures.jsonl", out / "attempts.jsonl"
-    done = {(a["task"], a["attempt"]) for a in C.read_jsonl(log_path)}
+    done = {(a["task"], a["attempt"]) for a in C.read_jsonl(log_path)
+            if not (cfg.retry_errors and C.is_infra_error(a.get("error")))}
     todo = [(t, k, i * cfg.attempts + k) for i, t in enumerate(tasks) for k in range(cfg.attempts)
             if (t.name, k) not in done]
     C.log0(f"{len(tasks)} tasks x {cfg.attempts} attempts: {len(done)} done, {len(todo)} to run")
@@ -140,7 +142,8 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
             bar.set_postfix(engine_idle=stats["engine_idle_frac"], env_steps=stats.get("env_steps", 0))
     bar.close()
     names = {t.name for t in tasks}
-    attempts = [a for a in C.read_jsonl(log_path) if a["task"] in names]
+    latest = {(a["task"], a["attempt"]): a for a in C.read_jsonl(log_path)}  # a retried attempt's last row
+    attempts = [a for a in latest.values() if a["task"] in names]
     summary = summarize(attempts, C.read_jsonl(fail_path), len(tasks))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\n{'category':<24}{'failures':>9}")

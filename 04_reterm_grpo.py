@@ -409,6 +409,10 @@ def main(argv: list[str] | None = None) -> Path:
         if rank == 0:
             pool = extra["pool"] if extra else init_pool(cfg, out, tasks, tok, rcfg)
             _gc_orphans(out, pool)
+            if cfg.mode == "fork" and cfg.failures and not extra and not pool["states"]:
+                raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
+                                  "tasks, or their snapshot images are gone); collect some with stage 03, or "
+                                  "drop --failures and pass --fresh-frac > 0 to find failures on the way")
             C.log0(f"{cfg.mode}: pool {len(pool['states'])} states, {len(tasks)} tasks, B={cfg.batch_states} "
                    f"G={cfg.group_size}, " + (f"resumed after step {start}" if extra else "from scratch"))
             kw = {"max_model_len": scaffold.max_context, "seed": cfg.seed, "gpu_memory_utilization":

@@ -59,6 +59,7 @@ class Config:
     timeout_multiplier: float = 1.0  # scales agent and verifier timeouts from task.toml
     no_internet: bool = False  # no network for any task (default: as task.toml says, Harbor's default on)
     force_build: bool = False  # build environment/ even when task.toml pins a docker_image
+    retry_errors: bool = False  # on resume, also re-run trials lost to an infrastructure error ("infra: ...")
 
 
 def now() -> str:
@@ -104,7 +105,7 @@ def run_trial(cfg: Config, task: C.Task, trial: int, out: Path) -> dict:
             tdir.mkdir(parents=True, exist_ok=True)
             env.download("/logs", tdir)
     except Exception as e:  # build/start failures count 0, like Harbor
-        row["error"], row["error_type"] = f"{type(e).__name__}: {e}", type(e).__name__
+        row["error"], row["error_type"] = C.infra_error("trial", e), type(e).__name__
     row["seconds"] = round(time.monotonic() - t0, 2)
     flag_network_failure(row, logs)
     return row
@@ -291,7 +292,7 @@ def resolve_images(cfg: Config, out: Path, todo: list[tuple[C.Task, int, int]]) 
     got = {t.name: v for t, v in C.run_concurrently(image, tasks, cfg.concurrency, desc="images")}
     for task, k, _ in todo:
         if isinstance(e := got[task.name], Exception):
-            save_trial(cfg, out, new_row(cfg, task, k) | {"error": f"{type(e).__name__}: {e}",
+            save_trial(cfg, out, new_row(cfg, task, k) | {"error": C.infra_error("image", e),
                                                            "error_type": type(e).__name__, "seconds": 0.0})
     return {name: v for name, v in got.items() if not isinstance(v, Exception)}
 
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
     C.dump_config(cfg, out)
     trials_path, job_result = out / "trials.jsonl", out / "harbor" / "result.json"
     started = json.loads(job_result.read_text())["started_at"] if job_result.exists() else now()
-    done = {(r["task"], r["trial"]) for r in C.read_jsonl(trials_path)}
+    done = {(r["task"], r["trial"]) for r in C.read_jsonl(trials_path)
+            if not (cfg.retry_errors and C.is_infra_error(r.get("error")))}
     todo = [(t, k, i * cfg.trials + k) for i, t in enumerate(tasks) for k in range(cfg.trials)
             if (t.name, k) not in done]
     C.log0(f"{len(tasks)} tasks x {cfg.trials} trials: {len(done)} done, {len(todo)} to run")
@@ -368,7 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
                 save_trial(cfg, out, row)
     write_harbor_job(cfg, out, len(tasks) * cfg.trials, started)
     names = {t.name for t in tasks}
-    rows = [r for r in C.read_jsonl(trials_path) if r["task"] in names and r["trial"] < cfg.trials]
+    latest = {(r["task"], r["trial"]): r for r in C.read_jsonl(trials_path)}  # a retried trial's last row
+    rows = [r for r in latest.values() if r["task"] in names and r["trial"] < cfg.trials]
     summary = summarize(rows, len(tasks))
     recs = [r for r in C.read_jsonl(out / "recovery.jsonl") if r["task"] in names]
     if recs:

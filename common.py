@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -81,34 +82,50 @@ def dump_config(cfg: Any, out_dir: str | Path) -> None:
 
 
 def append_jsonl(path: str | Path, row: dict) -> None:
-    """Append one row and flush it to disk: a killed run loses nothing already written."""
+    """Append one row and flush it to disk: a killed run loses nothing already written. A torn last
+    line (a run killed mid-write) is cut first, so the new row doesn't glue onto it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
+    with open(path, "a+b") as f:
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = path.read_bytes()
+                f.truncate(data.rfind(b"\n") + 1)
+        f.write((json.dumps(row, default=str) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Read a JSONL file; a torn last line (a run killed mid-write) is ignored."""
+def read_jsonl(path: str | Path, strict: bool = False) -> list[dict]:
+    """Read a JSONL file. A torn last line (a run killed mid-write) is ignored in our own logs;
+    strict=True (datasets, imports) refuses it, and empty input, naming the file and line."""
     path = Path(path)
-    lines = path.read_text().splitlines() if path.exists() else []
+    if strict and not path.is_file():
+        raise DataError(f"{path}: no such file")
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
+        except json.JSONDecodeError as e:
+            if strict or i != len(lines) - 1:
+                torn = " (a cut-off last line?)" if i == len(lines) - 1 else ""
+                raise DataError(f"{path}:{i + 1}: not valid JSON{torn}: {e.msg}") from None
+    if strict and not rows:
+        raise DataError(f"{path}: empty dataset (no rows)")
     return rows
 
 
 class UserError(Exception):
     """A problem the user fixes (bad task, engine down, missing package or folder): a stage run
     from the command line prints it as one line instead of a traceback."""
+
+
+class DataError(UserError, ValueError):
+    """A bad dataset row or input line; the message names the file and line."""
 
 
 def run_main(main: Callable[[], Any]) -> None:
@@ -151,6 +168,7 @@ class Task:
     cpus: float = 1.0
     memory_mb: int = 2048
     storage_mb: int | None = None
+    pids_limit: int = 1024  # ours, not Harbor's: processes+threads per container (a fork bomb stays inside)
     docker_image: str | None = None
     allow_internet: bool = True  # Harbor's default: network unless task.toml says false (or --no-internet)
     workdir: str | None = None
@@ -170,15 +188,22 @@ class Task:
         return self.path / "solution"
 
 
+def _positive(value: Any, where: str, kind: type = float) -> Any:
+    """A limit must be a positive, finite number: 0 or a negative value would silently mean *no*
+    limit or break every command, so they are refused at load time with the key's name."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+    if not ok or (kind is int and value != int(value)):
+        raise TaskError(f"{where} must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
+    return kind(value)
+
+
 def _size_mb(value: Any, where: str) -> int:
-    """'2G' / '512M' / '1024' / 2048 -> megabytes (TB2 writes memory = "2G")."""
-    if isinstance(value, (int, float)):
-        return int(value)
+    """'2G' / '512M' / '1024' / 2048 -> megabytes (TB2 writes memory = "2G"); must be > 0."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.I)
-    if not m:
+    if isinstance(value, bool) or not m:
         raise TaskError(f"{where}: cannot parse size {value!r} (expected e.g. '2G' or '512M')")
     scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
+    return _positive(int(float(m.group(1)) * scale), f"{where} (in MB)", int)
 
 
 _KNOWN = {
@@ -186,7 +211,7 @@ _KNOWN = {
     "agent": {"timeout_sec"},
     "verifier": {"timeout_sec"},
     "environment": {"docker_image", "build_timeout_sec", "cpus", "memory", "memory_mb",
-                    "storage", "storage_mb", "allow_internet", "workdir"},
+                    "storage", "storage_mb", "allow_internet", "workdir", "pids_limit"},
 }
 
 
@@ -215,16 +240,25 @@ def load_task(path: str | Path) -> Task:
         if unknown:
             extra[sec] = unknown
     storage = env.get("storage_mb", env.get("storage"))
+    num = lambda sec, d, key, dflt, kind=float: _positive(d.get(key, dflt), f"{toml_path}: [{sec}] {key}",
+                                                          kind)
+    for sec, key, tp in (("environment", "docker_image", str), ("environment", "workdir", str),
+                         ("environment", "allow_internet", bool), ("metadata", "tags", list)):
+        if not isinstance(cfg.get(sec, {}).get(key, tp()), tp):
+            raise TaskError(f"{toml_path}: [{sec}] {key} must be a {tp.__name__}, got {cfg[sec][key]!r}")
     task = Task(
         name=path.name, path=path.resolve(), instruction=instruction,
         category=str(meta.get("category", "uncategorized")), tags=list(meta.get("tags", [])),
         difficulty=str(meta.get("difficulty", "unknown")),
-        agent_timeout_sec=float(agent.get("timeout_sec", 600.0)),
-        verifier_timeout_sec=float(verifier.get("timeout_sec", 600.0)),
-        build_timeout_sec=float(env.get("build_timeout_sec", 600.0)), cpus=float(env.get("cpus", 1.0)),
-        memory_mb=_size_mb(env.get("memory_mb", env.get("memory", 2048)), str(toml_path)),
-        storage_mb=None if storage is None else _size_mb(storage, str(toml_path)),
-        docker_image=env.get("docker_image") or None, allow_internet=bool(env.get("allow_internet", True)),
+        agent_timeout_sec=num("agent", agent, "timeout_sec", 600.0),
+        verifier_timeout_sec=num("verifier", verifier, "timeout_sec", 600.0),
+        build_timeout_sec=num("environment", env, "build_timeout_sec", 600.0),
+        cpus=num("environment", env, "cpus", 1.0),
+        pids_limit=num("environment", env, "pids_limit", 1024, int),
+        memory_mb=_size_mb(env.get("memory_mb", env.get("memory", 2048)),
+                           f"{toml_path}: [environment] memory"),
+        storage_mb=None if storage is None else _size_mb(storage, f"{toml_path}: [environment] storage"),
+        docker_image=env.get("docker_image") or None, allow_internet=env.get("allow_internet", True),
         workdir=env.get("workdir"), version=str(cfg.get("version", "1.0")), extra=extra)
     if (task.env_dir / "docker-compose.yaml").exists() and not (task.env_dir / "Dockerfile").exists():
         raise TaskError(f"{task.env_dir / 'docker-compose.yaml'}: multi-container tasks are not supported")
@@ -271,6 +305,7 @@ def load_tasks(root: str | Path, filter: str | None = None, sample: int = 0, ski
 
 BASE_IMAGE = "debian:bookworm-slim"  # what the bundled tasks build FROM; seeded offline if absent
 RUN_ID = uuid.uuid4().hex[:12]  # labels everything this process creates, for the reaper
+_OWNER = {"reterm.host": socket.gethostname(), "reterm.pid": str(os.getpid())}  # `reap` spares live owners
 MAX_OUTPUT_BYTES = 10_000  # TB2 agents keep the first and last 5,000 bytes of a command's output
 
 
@@ -444,28 +479,96 @@ class Verdict:
     output: str  # tail of test.sh's stdout
 
 
-# The bash tool. cwd and exported variables live in files under /tmp/.reterm inside the
-# container, so they persist across calls *and* across snapshot -> fork. `timeout` puts the
-# command in its own process group and signals the whole group, so background children die
-# too. Output goes to a file so a command printing gigabytes never crosses the socket.
-_STATE = "/tmp/.reterm"
-_OUTER = f"""S={_STATE}; mkdir -p $S
+# The bash tool. Harness code runs with a fixed PATH of the distribution's directories (a binary the
+# agent plants in /usr/local/bin can't stand in for `timeout` or `tail`), and only the inner shell
+# sees the agent's state: cwd and exported variables, kept in files under _STATE (not /tmp, which
+# agents clean) so they persist across calls *and* across snapshot -> fork. The inner shell saves
+# them on every way out: normal end, `exit`, `set -e`, a `trap ... EXIT` of the agent's own
+# (chained, not replaced) and `exec` (saved just before). The command comes as an argument, or for
+# long ones as a file (argv is capped at 128 KiB per string). Its output goes through a FIFO to a
+# capturer that keeps the head, a rotating tail (3 chunks of 1 MiB) and the byte count, written unbuffered
+# so a background process still holding the pipe delays the answer by at most a second and loses
+# nothing. Every process of the command carries RETERM_CMD=<id>: at the timeout they are all killed, setsid'd
+# ones included (`timeout` alone signals one process group), and so are they when the command's
+# disk growth passes the storage cap (measured with statfs; a per-file `ulimit -f` of the same size
+# also binds background writers that outlive the command).
+_STATE = "/var/lib/reterm"
+_SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_KILL = r"""k() { local r p e; for r in 1 2 3; do for p in /proc/[0-9]*; do
+  mapfile -d '' e <$p/environ && [[ "${e[*]}" == *RETERM_CMD=$1* ]] && kill -9 ${p#/proc/}
+done; done 2>/dev/null; }"""
+_OUTER = _KILL + f"""
+S={_STATE}; o=$S/o.$1; h=$(($3 / 2)); C=$(( $3 > 1048576 ? $3 : 1048576 ))
+[ -d $S ] && [ ! -L $S ] || {{ rm -rf $S; mkdir -p $S; }}
+for d in $S/o.*; do [ -e $d/fin ] && rm -rf $d; done
+mkdir -p $o && mkfifo $o/p $o/q && echo 0 >$o/i || exit 125
+exec 3<>$o/q
+{{ stdbuf -o0 head -c $h >$o/h; i=0
+  while :; do echo $i >$o/i; stdbuf -o0 head -c $C >$o/c$((i % 3))
+    [ -s $o/c$((i % 3)) ] || break; i=$((i + 1))
+    [ -e $o/done ] && {{ cat >/dev/null; break; }}; done
+  : >$o/fin; echo >$o/q; }} <$o/p >/dev/null 2>&1 3>&- &
+f0=$(stat -f -c '%a*%S' /)
+( ulimit -f $4; RETERM_CMD=$1 exec timeout -k 2 "$2" \\
+  bash --noprofile --norc -c "$6" reterm "$1" "$5" "$7" ) \\
+  >$o/p 2>&1 </dev/null 3>&- &
+fg=$!
+( while sleep 0.25; do [ $(( (f0 - $(stat -f -c '%a*%S' /)) / 1024 )) -gt $4 ] && {{ : >$o/disk; k $1; }}
+  done ) \\
+  >/dev/null 2>&1 3>&- &
+wd=$!
+{{ wait $fg; }} 2>/dev/null; rc=$?; kill $wd 2>/dev/null
+[ $rc = 124 ] || [ $rc = 137 ] && k $1
+read -t 1 -u 3 || : >$o/done
+i=$(<$o/i); n=$(cat $o/h $o/c* 2>/dev/null | wc -c); n=$(( n + (i > 2 ? (i - 2) * C : 0) ))
+if [ $n -le $3 ]; then cat $o/h $o/c0 2>/dev/null
+else head -c $h $o/h; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h))
+  for j in $((i - 2)) $((i - 1)) $i; do [ $j -ge 0 ] && cat $o/c$((j % 3)); done 2>/dev/null | tail -c $h; fi
+[ -e $o/disk ] && printf '\\n[killed: wrote more than %d MB to disk in one command]\\n' $(($4 / 1024))
+[ -e $o/fin ] && rm -rf $o
+exit $rc"""
+_INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1
+if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$S/cmd.$1); command -p rm -f $S/cmd.$1; fi
 [ -f $S/env ] && . $S/env >/dev/null 2>&1
-[ -f $S/cwd ] && {{ cd "$(cat $S/cwd)" 2>/dev/null || true; }}
-timeout -k 2 "$2" bash -c "$4" bash "$1" >$S/out 2>&1 </dev/null
-rc=$?; n=$(stat -c %s $S/out); h=$(($3 / 2))
-if [ "$n" -le "$3" ]; then cat $S/out
-else head -c $h $S/out; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h)); tail -c $h $S/out; fi
-rm -f $S/out; exit $rc"""
-_INNER = f"""trap 'rc=$?; pwd >{_STATE}/cwd; export -p >{_STATE}/env; exit $rc' EXIT; eval "$1\""""
-_EXEC_ENV = {"DEBIAN_FRONTEND": "noninteractive", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb"}
+export RETERM_CMD=$__rt_id
+[ -f $S/cwd ] && {{ cd "$(<$S/cwd)" 2>/dev/null || true; }}
+__rt_save() {{ [ "$BASHPID" = "$$" ] || return 0; [ -d $S ] || command -p mkdir -p $S
+  pwd >$S/cwd; export -p >$S/env; }} 2>/dev/null
+exit() {{ __rt_save; builtin exit "$@"; }}
+__rt_chain() {{ builtin trap -- "$2"$'\\n'__rt_save EXIT; }}
+trap() {{ builtin trap "$@"; local r=$? c; c=$(builtin trap -p EXIT); [[ $c == *__rt_save* ]] && return $r
+  if [ -n "$c" ]; then eval "__rt_chain ${{c#trap }}"; else builtin trap __rt_save EXIT; fi; return $r; }}
+builtin trap __rt_save EXIT
+builtin trap 'if [[ $BASH_COMMAND == exec\\ * ]]; then __rt_save; fi' DEBUG
+eval "$__rt_c\""""
+_EXEC_ENV = {"DEBIAN_FRONTEND": "noninteractive", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb",
+             "PATH": _SYS_PATH, "BASH_ENV": "", "ENV": "", "LC_ALL": "C"}
+_ARGV_MAX = 100_000  # bytes of command passed as an argument; longer ones go as a file
+DEFAULT_STORAGE_MB = 10240  # per-command disk cap when task.toml sets no `storage`
+EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
 
-_VERIFY = """mkdir -p /logs/verifier
-timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
+# The verifier: /tests and /logs/verifier are emptied and recreated (nothing planted survives),
+# test.sh runs with the image's environment, PATH with the distribution's directories first, and
+# only regular files (not directories, not symlinks) count as reward files.
+_VERIFY_PREP = "rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs; " \
+               "mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier"
+_VERIFY = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
 echo "@@rc $?"
-[ -f /logs/verifier/reward.txt ] && { echo "@@txt"; cat /logs/verifier/reward.txt; echo; }
-[ -f /logs/verifier/reward.json ] && { echo "@@json"; cat /logs/verifier/reward.json; echo; }
+for f in txt json; do p=/logs/verifier/reward.$f
+  [ -f $p ] && [ ! -L $p ] && { echo "@@$f"; head -c 4096 $p; echo; }; done
 echo "@@out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
+_KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
+             "while :; do sleep 2147483647 & wait $!; done"
+
+
+def infra_error(what: str, e: BaseException | str) -> str:
+    """The error text of a trial lost to the infrastructure (not to the agent): `--retry-errors`
+    re-runs exactly the rows whose error starts like this."""
+    return f"infra: {what}: {e if isinstance(e, str) else f'{type(e).__name__}: {e}'}"
+
+
+def is_infra_error(error: str | None) -> bool:
+    return bool(error) and error.startswith("infra: ")
 
 
 def _parse_reward(out: str, timeout: float) -> Verdict:
@@ -494,6 +597,9 @@ class Env:
     def __init__(self, container: Any, task: Task, image: str, internet: bool = False):
         self.container, self.task, self.image, self.internet = container, task, image, internet
         self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
+        env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
+                   if "=" in e)
+        self.path = env.get("PATH", "/usr/local/sbin:/usr/local/bin:" + _SYS_PATH)  # the image's
 
     def __enter__(self) -> Env:
         return self
@@ -501,28 +607,60 @@ class Env:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _exec(self, argv: list[str], deadline: float, env: dict | None = None) -> tuple[int, bytes] | None:
+        """exec_run with a host-side deadline (docker-py has none: a hung exec would block for the
+        client's 2-hour read timeout). None = no answer in time; EnvError = the container is gone."""
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["r"] = self.container.exec_run(argv, environment={**_EXEC_ENV, **(env or {})})
+            except Exception as e:  # noqa: BLE001 (re-raised below, in the caller's thread)
+                box["e"] = e
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        th.join(deadline)
+        if th.is_alive():
+            return None
+        if "e" in box:  # reaped, OOM-killed, engine restarted
+            raise EnvError(f"{self.task.name}: container is gone or unusable: {box['e']}") from None
+        return box["r"].exit_code, box["r"].output
+
     def bash(self, command: str, timeout: float = 180.0, max_bytes: int = MAX_OUTPUT_BYTES
              ) -> CmdResult:
         """Run one command like a terminal would: persistent cwd/env, killed after `timeout`."""
-        t0 = time.monotonic()
-        ensure_docker_timeout(timeout + 60)
-        argv = ["bash", "-c", _OUTER, "reterm", command, f"{timeout:.3f}", str(max_bytes), _INNER]
-        try:
-            r = self.container.exec_run(argv, environment=_EXEC_ENV)
-        except Exception as e:  # container gone (reaped, OOM-killed, engine restarted)
-            raise EnvError(f"{self.task.name}: exec failed: {e}") from None
+        t0, cid = time.monotonic(), uuid.uuid4().hex[:16]
+        ensure_docker_timeout(timeout + EXEC_GRACE + 60)
+        cap_kb = (self.task.storage_mb or DEFAULT_STORAGE_MB) * 1024
+        if len(command.encode()) > _ARGV_MAX:
+            self._put(f"{_STATE}/cmd.{cid}", command.encode())
+            command = ""
+        argv = ["bash", "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
+                str(max_bytes), str(cap_kb), self.path, _INNER, command]
+        r = self._exec(argv, timeout + EXEC_GRACE)
+        if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
+            with suppress(EnvError):
+                self._exec(["bash", "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE)
+            return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
+                             124, True, time.monotonic() - t0)
         dt = time.monotonic() - t0
-        timed_out = r.exit_code in (124, 137) and dt >= timeout
-        return CmdResult(r.output.decode(errors="replace"), r.exit_code, timed_out, dt)
+        return CmdResult(r[1].decode(errors="replace"), r[0], r[0] in (124, 137) and dt >= timeout, dt)
 
-    def upload(self, src: Path, dest: str) -> None:
-        """Copy a host folder to `dest` (an absolute path) inside the container."""
-        parent, name = os.path.split(dest.rstrip("/"))
-        self.container.exec_run(["mkdir", "-p", parent or "/"])
+    def _put(self, dest: str, data: bytes) -> None:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(str(src), arcname=name)
-        self.container.put_archive(parent or "/", buf.getvalue())
+            info = tarfile.TarInfo(dest.lstrip("/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        self.container.put_archive("/", buf.getvalue())
+
+    def upload(self, src: Path, dest: str) -> None:
+        """Copy a host folder to `dest` (an absolute path) inside the container (parents are created)."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(src), arcname=dest.strip("/"))
+        self.container.put_archive("/", buf.getvalue())
 
     def download(self, src: str, dest: Path) -> None:
         """Copy the contents of folder `src` in the container into host folder `dest`."""
@@ -534,20 +672,40 @@ class Env:
         """Commit the container's filesystem to a labelled image (call before verify). Non-strict:
         running processes and sockets are lost, only files (incl. the bash tool's cwd/env) persist."""
         repo, t = "reterm-snap/" + re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower()), uuid.uuid4().hex[:16]
-        labels = f"reterm.kind=snapshot reterm.keep={int(keep)} reterm.run={RUN_ID}"
+        labels = " ".join(f"{k}={v}" for k, v in {"reterm.kind": "snapshot", "reterm.keep": int(keep),
+                                                   "reterm.run": RUN_ID, **_OWNER}.items())
         self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
         return f"{repo}:{t}"
 
-    def verify(self, timeout: float | None = None) -> Verdict:
-        """Upload tests/ now (never earlier), run test.sh, read the reward. Never raises."""
+    def verify(self, timeout: float | None = None, fresh: bool = False) -> Verdict:
+        """Upload tests/ now (never earlier), run test.sh, read the reward. Never raises.
+        fresh=True verifies in a new container from a snapshot of this one: same files, but no
+        process the agent left running (RL rewards: a background loop can't write the reward)."""
         timeout = timeout or self.task.verifier_timeout_sec
-        ensure_docker_timeout(timeout + 60)
+        ensure_docker_timeout(timeout + EXEC_GRACE + 60)
+        if fresh:
+            snap = None
+            try:
+                snap = self.snapshot()
+                with start_env(self.task, snap, self.internet) as env:
+                    return env.verify(timeout)
+            except Exception as e:
+                return Verdict(0.0, infra_error("fresh verifier container", e), "")
+            finally:
+                if snap:
+                    remove_image(snap)
         try:
+            if self._exec(["bash", "-c", _VERIFY_PREP], EXEC_GRACE) is None:
+                return Verdict(0.0, infra_error("verifier", "preparing /tests did not finish"), "")
             self.upload(self.task.tests_dir, "/tests")
-            r = self.container.exec_run(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}"])
-            return _parse_reward(r.output.decode(errors="replace"), timeout)
+            path = ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))
+            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}"], timeout + EXEC_GRACE,
+                           {"PATH": path})
+            if r is None:
+                return Verdict(0.0, infra_error("verifier", f"no answer {timeout + EXEC_GRACE:.0f}s"), "")
+            return _parse_reward(r[1].decode(errors="replace"), timeout)
         except Exception as e:
-            return Verdict(0.0, f"verifier failed: {type(e).__name__}: {e}", "")
+            return Verdict(0.0, infra_error("verifier failed", e), "")
 
     def close(self) -> None:
         with suppress(Exception):  # already gone
@@ -559,6 +717,14 @@ def _engine_ncpu() -> int:
     return int(docker_client().info().get("NCPU", os.cpu_count() or 1))
 
 
+@functools.cache
+def _quota_storage() -> bool:
+    """Whether the engine can cap a container's writable layer (overlay2 on xfs with pquota)."""
+    info = docker_client().info()
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
+    return info.get("Driver") == "overlay2" and backing == "xfs"
+
+
 def start_env(task: Task, image: str | None = None, internet: bool = True) -> Env:
     """Start a container for `task` (from its image, or from a snapshot image to fork). Network as
     Harbor gives it: on unless task.toml says allow_internet = false; internet=False (--no-internet)
@@ -567,13 +733,14 @@ def start_env(task: Task, image: str | None = None, internet: bool = True) -> En
 
     image, ncpu = image or task_image(task), _engine_ncpu()
     net = internet and task.allow_internet
+    storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if task.storage_mb and _quota_storage() else {}
     try:
         c = docker_client().containers.run(
-            image, ["sleep", "infinity"], detach=True, init=True,
-            labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name},
+            image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
+            labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name, **_OWNER},
             network_mode="bridge" if net else "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
-            working_dir=task.workdir)
+            pids_limit=task.pids_limit, working_dir=task.workdir, **storage)
     except docker.errors.APIError as e:
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
     # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
@@ -604,19 +771,41 @@ def remove_image(tag: str) -> None:
         docker_client().images.remove(tag, force=True)
 
 
-def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False) -> tuple[int, int]:
-    """Remove containers (and unkept snapshot images) of one run, or of every run if None;
-    kept=True also removes the snapshots failure records still refer to."""
+def _stale(labels: dict, everything: bool) -> bool:
+    """A run is stale when its owning process is gone: same host and no such pid. Owners on other
+    hosts (or without labels, from older versions) count as stale only with --all."""
+    if everything:
+        return True
+    pid, host = labels.get("reterm.pid"), labels.get("reterm.host")
+    if host != socket.gethostname() or not (pid or "").isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False, everything: bool = False
+         ) -> tuple[int, int]:
+    """Remove containers (and unkept snapshot images) of one run, or with run_id=None of every
+    stale run (see _stale; everything=True: every run); kept=True also removes the snapshots
+    failure records still refer to."""
     client = docker_client()
     run = [f"reterm.run={run_id}"] if run_id else []
     # Ids from the low-level API: the high-level list re-fetches each container and raises if a
     # worker thread removes one meanwhile, which would abort cleanup half-way (seen on Ctrl-C).
-    containers = [c["Id"] for c in client.api.containers(all=True, filters={"label": [LABEL, *run]})]
+    containers = [c["Id"] for c in client.api.containers(all=True, filters={"label": [LABEL, *run]})
+                  if run_id or _stale(c.get("Labels") or {}, everything)]
     for cid in containers:
         with suppress(Exception):  # already gone
             client.api.remove_container(cid, force=True)
     keep = [] if kept else ["reterm.keep=0"]
     images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
+    images = [im for im in images
+              if run_id or _stale(im.labels, everything) or im.labels.get("reterm.keep") == "1"]
     for im in images:
         remove_image(im.id)
     return len(containers), len(images)
@@ -1795,7 +1984,7 @@ class RolloutPool:
         try:
             return fn()
         except Exception as e:
-            ep.error, ep.end, ep.reward = f"{what}: {type(e).__name__}: {e}", ep.end or "error", 0.0
+            ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
             return None
 
     def _run(self, ep: Episode, image: str | None, snapshot: str, queue: EngineQueue) -> Episode:
@@ -1901,9 +2090,10 @@ def _cli(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python common.py", description="ReTerm helpers")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("docker-up", help="start the Docker engine and seed the base image if needed")
-    reap_p = sub.add_parser("reap", help="remove every container and unkept snapshot image labelled reterm")
+    reap_p = sub.add_parser("reap", help="remove containers and unkept snapshots of stale runs (owner gone)")
     reap_p.add_argument("--kept", action="store_true",
                         help="also remove kept failure-state snapshots (their records become unusable)")
+    reap_p.add_argument("--all", action="store_true", help="every run's, live ones and other hosts' included")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -1912,7 +2102,7 @@ def _cli(argv: list[str]) -> None:
         docker_up()
         print(f"docker ready; base image {BASE_IMAGE} present")
     elif args.cmd == "reap":
-        n, m = reap(run_id=None, kept=args.kept)
+        n, m = reap(run_id=None, kept=args.kept, everything=args.all)
         print(f"removed {n} containers and {m} snapshot images")
     elif args.cmd == "tiny-model":
         print(make_tiny_model(args.out, arch=args.arch))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import importlib
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -274,7 +275,20 @@ def test_import_rejects_broken_rows_naming_them(tmp_path, capsys):
     B.main(["--import", str(src), "--out", str(out)])
     printed = capsys.readouterr().out
     assert [r["id"] for r in C.read_jsonl(out)] == [rows[0]["id"], rows[5]["id"]]
-    assert f"row 1 (id={rows[1]['id']}): field 'task_id' missing" in printed
-    assert f"row 2 (id={rows[2]['id']}): train_from_message_index 99 outside" in printed
-    assert f"row 3 (id={rows[3]['id']}): message 2: tool call arguments are not valid JSON" in printed
-    assert f"row 4 (id={rows[4]['id']}): message 6: expected a `bash` tool call" in printed
+    assert f"{src}:2 (id={rows[1]['id']}): field 'task_id' missing" in printed
+    assert f"{src}:3 (id={rows[2]['id']}): train_from_message_index 99 outside" in printed
+    assert f"{src}:4 (id={rows[3]['id']}): message 2: tool call arguments are not valid JSON" in printed
+    assert f"{src}:5 (id={rows[4]['id']}): message 6: expected a `bash` tool call" in printed
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty"), ("\n\n", "empty"), ("garbage\n", ":1: not valid JSON"),
+    ('{"id": 1}\n{"id"', ":2: not valid JSON (a cut-off last line?)"),
+    ('[{"id": 1},\n oops]', ":2: not valid JSON"), ('{"id": 1}\n', "no importable row; first problem: "),
+])
+def test_import_refuses_bad_files_leaving_nothing(tmp_path, text, message):
+    src, out = tmp_path / "in.jsonl", tmp_path / "sub" / "ours.jsonl"
+    src.write_text(text)
+    with pytest.raises(C.DataError, match="^" + re.escape(f"{src}") + ".*" + re.escape(message)) as e:
+        B.main(["--import", str(src), "--out", str(out)])
+    assert "\n" not in str(e.value) and not (tmp_path / "sub").exists()

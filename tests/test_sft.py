@@ -130,8 +130,10 @@ def test_tokenising_with_workers_matches_serial(models, tmp_path):
     path = write_rows(tmp_path / "rows.jsonl", rows)
     tok = C.load_tokenizer(models["qwen3"])
     cfg = sft.Config(data=str(path), max_len=600)  # a few rows lose context from the left
-    serial, stats = sft.tokenize_rows(dataclasses.replace(cfg, tokenize_workers=1), tok, tmp_path / "s", 0, 1)
-    pooled, stats2 = sft.tokenize_rows(cfg, tok, tmp_path / "p", 0, 1)  # 2 forked workers
+    rows = sft.load_rows(cfg.data, cfg.all_assistant)
+    one = dataclasses.replace(cfg, tokenize_workers=1)
+    serial, stats = sft.tokenize_rows(one, rows, tok, tmp_path / "s", 0, 1)
+    pooled, stats2 = sft.tokenize_rows(cfg, rows, tok, tmp_path / "p", 0, 1)  # 2 forked workers
     assert stats == stats2 and stats["truncated"] > 0 and stats["rows"] == 32
     pairs = list(zip(serial, pooled, strict=True))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in pairs)
@@ -237,13 +239,15 @@ def test_torchrun_two_processes_equal_one(models, data, tmp_path):
 
 
 @pytest.mark.parametrize("mutate,message", [
-    (lambda r: r.pop("messages"), "row 2 (id='row-1'): 'messages' must be a non-empty list"),
-    (lambda r: r["messages"][3].update(role="robot"), "row 2 (id='row-1'): messages[3] needs a role"),
-    (lambda r: r.update(train_from_message_index="7"), "row 2 (id='row-1'): 'train_from_message_index' must"),
-    (lambda r: r.update(train_from_message_index=99), "row 2 (id='row-1'): train_from_message_index 99 is "
-                                                      "past the end"),
+    (lambda r: r.pop("messages"), "bad.jsonl:2 (id='row-1'): 'messages' must be a non-empty"),
+    (lambda r: r["messages"][3].update(role="robot"), "bad.jsonl:2 (id='row-1'): messages[3] needs a"),
+    (lambda r: r.update(train_from_message_index="7"),
+     "bad.jsonl:2 (id='row-1'): 'train_from_message_index' must"),
+    (lambda r: r.update(train_from_message_index=99),
+     "bad.jsonl:2 (id='row-1'): train_from_message_index 99 is past the end"),
     (lambda r: r.update(messages=r["messages"][:-1] + [{"role": "user", "content": "hi"}],
-                        train_from_message_index=len(r["messages"]) - 1), "row 2 (id='row-1'): no assistant"),
+                        train_from_message_index=len(r["messages"]) - 1),
+     "bad.jsonl:2 (id='row-1'): no assistant"),
 ])
 def test_bad_rows_are_named(models, tmp_path, mutate, message):
     rows = [make_row(0), make_row(1)]
@@ -251,12 +255,18 @@ def test_bad_rows_are_named(models, tmp_path, mutate, message):
     path = write_rows(tmp_path / "bad.jsonl", rows)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         run(path, models["qwen3"], tmp_path / "out", "--max-steps", "1")
+    assert not (tmp_path / "out").exists()  # nothing left behind by a refused input
 
 
 def test_empty_dataset_and_missing_paths(models, tmp_path):
     empty = write_rows(tmp_path / "empty.jsonl", [])
     with pytest.raises(ValueError, match=f"{empty}: empty dataset"):
         run(empty, models["qwen3"], tmp_path / "out")
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(json.dumps(make_row(0)) + "\n" + json.dumps(make_row(1))[:-9])
+    with pytest.raises(C.DataError, match=f"^{torn}:2: not valid JSON \\(a cut-off last line\\?\\)"):
+        run(torn, models["qwen3"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}/nope.jsonl: data file does not exist"):
         run(tmp_path / "nope.jsonl", models["qwen3"], tmp_path / "out")
     data = write_rows(tmp_path / "ok.jsonl", [make_row(0)])
