@@ -55,6 +55,7 @@ class Config:
     command_timeout: float = 180.0  # seconds per bash call
     tokenizer: str | None = None  # tokenizer for the token-length stats (default: --model, else the tiny one)
     concurrency: int = 4  # tasks worked on at once
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     task_filter: str | None = None  # regex: only tasks whose name matches
     seed: int = 0  # fault choice / sampling seed
 
@@ -219,7 +220,7 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
     run_descs = [d for j, (d, _) in enumerate(steps) if not (
         fault.kind == "drop" and j == fault.step or fault.kind == "stop" and j >= fault.step)]
     ran = []  # what the rollout's classify_failure looks at
-    with C.start_env(task) as env:
+    with C.HOSTS.slot() as host, C.start_env(task, host=host) as env:
         for d, cmd in zip(run_descs, fault.commands, strict=True):
             r = act(env, msgs, f"Next: {d}.", cmd, cfg.command_timeout)
             ran.append({"command": cmd, "exit_code": r.exit_code, "timed_out": r.timed_out})
@@ -338,7 +339,7 @@ def api_run(cfg: Config, task: C.Task, msgs: list[dict], snapshot: str | None = 
             ) -> types.SimpleNamespace:
     """The API model goes on from `msgs` in a fork of `snapshot` (a recovery), or else in a fresh
     container snapshotted before the verifier runs (a first attempt; the snapshot kept if it fails)."""
-    with C.fork(snapshot, task, 1)[0] if snapshot else C.start_env(task) as env:
+    with C.HOSTS.slot(snapshot) as host, C.start_env(task, snapshot, host=host) as env:
         new = api_episode(cfg, env, msgs)
         snap = None if snapshot else env.snapshot()
         reward = env.verify().reward
@@ -500,6 +501,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = [("--import-path" + a[8:]) if a.split("=")[0] == "--import" else a
             for a in (sys.argv[1:] if argv is None else argv)]
     cfg = C.parse_config(Config, argv)
+    C.use_docker_hosts(cfg.docker_hosts)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.config.json").write_text(json.dumps({"argv": sys.argv, **dataclasses.asdict(cfg)}, indent=2))

@@ -39,6 +39,7 @@ class Config:
     recovery: bool = False  # run one recovery attempt from each failed trial's snapshot (Recovery@1)
     trials: int = 1  # k trials per task; Pass@1 averages over all of them
     concurrency: int = 4  # trials running at once (one container each)
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     task_filter: str | None = None  # regex: only tasks whose name matches
     timeout_multiplier: float = 1.0  # scales agent and verifier timeouts from task.toml
     allow_internet: bool = False  # give containers a network when the task allows it
@@ -49,9 +50,10 @@ def run_trial(cfg: Config, task: C.Task, trial: int) -> dict:
     t0 = time.monotonic()
     row = {"task": task.name, "trial": trial, "category": task.category,
            "difficulty": task.difficulty, "reward": 0.0, "error": None, "turns": 0,
-           "agent_timed_out": False}
+           "agent_timed_out": False, "host": None}
     try:
-        with C.start_env(task, allow_internet=cfg.allow_internet) as env:
+        with C.HOSTS.slot() as row["host"], C.start_env(task, allow_internet=cfg.allow_internet,
+                                                        host=row["host"]) as env:
             if cfg.agent == "oracle":
                 env.upload(task.solution_dir, "/solution")
                 res = env.bash("bash /solution/solve.sh",
@@ -100,7 +102,7 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path) -> N
                 "difficulty": ep.task.difficulty, "reward": ep.reward,
                 "error": ep.error or ep.verify_error, "turns": ep.turns, "end": ep.end,
                 "error_category": ep.category, "agent_timed_out": ep.end == "timeout",
-                "seconds": ep.seconds, "queue_s": round(ep.queue_s, 2)})
+                "seconds": ep.seconds, "queue_s": round(ep.queue_s, 2), "host": ep.host})
             bar.update(1)
     bar.close()
     C.log0("rollout: " + ", ".join(f"{k} {v:.3g}" for k, v in pool.stats().items()))
@@ -149,6 +151,7 @@ def print_table(summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
+    C.use_docker_hosts(cfg.docker_hosts)
     if cfg.agent not in ("oracle", "null", "policy"):
         raise SystemExit(f"--agent {cfg.agent!r}: choose oracle, null or policy")
     if cfg.agent == "policy" and not cfg.model:

@@ -272,8 +272,10 @@ _client = None
 _client_lock = threading.Lock()
 
 
-def docker_client() -> Any:
+def docker_client(host: str | None = None) -> Any:
     """One shared, thread-safe docker-py client for whatever DOCKER_HOST says."""
+    if host is not None:  # another engine of the run (see "docker hosts")
+        return _host_client(host)
     global _client
     with _client_lock:
         if _client is None:
@@ -355,12 +357,12 @@ def _dir_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def task_image(task: Task) -> str:
+def task_image(task: Task, host: str | None = None) -> str:
     """The task's image: `docker_image` if present or pullable, else build `environment/`
     (cached under a tag derived from a hash of the folder's contents)."""
     import docker
 
-    client = docker_client()
+    client = docker_client(host)
     if task.docker_image:
         try:
             client.images.get(task.docker_image)
@@ -451,8 +453,9 @@ def _parse_reward(out: str, timeout: float) -> Verdict:
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
-    def __init__(self, container: Any, task: Task, image: str):
+    def __init__(self, container: Any, task: Task, image: str, host: str | None = None):
         self.container, self.task, self.image = container, task, image
+        self.host = host  # the engine it runs on (None: the default one)
 
     def __enter__(self) -> Env:
         return self
@@ -488,6 +491,7 @@ class Env:
         repo, t = "reterm-snap/" + re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower()), uuid.uuid4().hex[:16]
         labels = f"reterm.kind=snapshot reterm.keep={int(keep)} reterm.run={RUN_ID}"
         self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
+        HOSTS.note(f"{repo}:{t}", self.host)
         return f"{repo}:{t}"
 
     def verify(self, timeout: float | None = None) -> Verdict:
@@ -506,17 +510,19 @@ class Env:
 
 
 @functools.cache
-def _engine_ncpu() -> int:
-    return int(docker_client().info().get("NCPU", os.cpu_count() or 1))
+def _engine_ncpu(host: str | None = None) -> int:
+    return int(docker_client(host).info().get("NCPU", os.cpu_count() or 1))
 
 
-def start_env(task: Task, image: str | None = None, allow_internet: bool = False) -> Env:
-    """Start a container for `task` (from its image, or from a snapshot image to fork)."""
+def start_env(task: Task, image: str | None = None, allow_internet: bool = False,
+              host: str | None = None) -> Env:
+    """Start a container for `task` (from its image, or from a snapshot image to fork) on engine
+    `host` (None: the default one; `HOSTS.acquire` chooses among several)."""
     import docker
 
-    image, ncpu = image or task_image(task), _engine_ncpu()
+    image, ncpu = image or task_image(task, host), _engine_ncpu(host)
     try:
-        c = docker_client().containers.run(
+        c = docker_client(host).containers.run(
             image, ["sleep", "infinity"], detach=True, init=True,
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name},
             network_mode="bridge" if (allow_internet and task.allow_internet) else "none",
@@ -524,13 +530,14 @@ def start_env(task: Task, image: str | None = None, allow_internet: bool = False
             working_dir=task.workdir)
     except docker.errors.APIError as e:
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
-    return Env(c, task, image)
+    return Env(c, task, image, host)
 
 
 def fork(snapshot: str, task: Task, n: int) -> list[Env]:
-    """n independent containers from one snapshot image (started concurrently)."""
+    """n independent containers from one snapshot image (started concurrently, on its engine)."""
+    host = HOSTS.home(snapshot)
     with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
-        futures = [pool.submit(start_env, task, snapshot) for _ in range(n)]
+        futures = [pool.submit(start_env, task, snapshot, host=host) for _ in range(n)]
         envs, errors = [], []
         for f in futures:
             try:
@@ -544,15 +551,18 @@ def fork(snapshot: str, task: Task, n: int) -> list[Env]:
     return envs
 
 
-def remove_image(tag: str) -> None:
-    with suppress(Exception):  # already gone
-        docker_client().images.remove(tag, force=True)
+def remove_image(tag: str | None, host: str | None = None) -> None:
+    """Remove an image from `host`, or a snapshot from every engine holding a copy of it."""
+    for h in HOSTS.forget(tag) if host is None else [host]:
+        with suppress(Exception):  # already gone
+            docker_client(h).images.remove(tag, force=True)
 
 
-def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False) -> tuple[int, int]:
-    """Remove containers (and unkept snapshot images) of one run, or of every run if None;
-    kept=True also removes the snapshots failure records still refer to."""
-    client = docker_client()
+def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False, host: str | None = None
+         ) -> tuple[int, int]:
+    """Remove containers (and unkept snapshot images) of one run, or of every run if None, on one
+    engine; kept=True also removes the snapshots failure records still refer to."""
+    client = docker_client(host)
     run = [f"reterm.run={run_id}"] if run_id else []
     # Ids from the low-level API: the high-level list re-fetches each container and raises if a
     # worker thread removes one meanwhile, which would abort cleanup half-way (seen on Ctrl-C).
@@ -563,7 +573,7 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
     keep = [] if kept else ["reterm.keep=0"]
     images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
     for im in images:
-        remove_image(im.id)
+        remove_image(im.id, host)
     return len(containers), len(images)
 
 
@@ -580,7 +590,9 @@ def env_session() -> Iterator[None]:
     try:
         yield
     finally:
-        reap(RUN_ID)
+        for host in HOSTS.live():
+            with suppress(EnvError):  # lost meanwhile
+                reap(RUN_ID, host=host)
         if old is not None:
             signal.signal(signal.SIGTERM, old)
 
@@ -601,6 +613,200 @@ def run_concurrently(fn: Callable[[Any], Any], items: list, concurrency: int, de
                 yield futures[f], e
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# docker hosts: one run's containers over several engines, forks where their snapshot is
+# ════════════════════════════════════════════════════════════════════════════
+# A host is a docker-py base URL: unix:///path.sock, ssh://user@node (the ssh binary, so
+# ~/.ssh/config and agents apply) or tcp://node:2376 (TLS from DOCKER_TLS_VERIFY / DOCKER_CERT_PATH).
+# None is the default engine (DOCKER_HOST or the local socket), so a single-engine run's records
+# look as before. A snapshot is an image on one engine; its forks start there, or after the image
+# is copied (`docker save | docker load` through the two clients) when the copy is expected to
+# take less time than waiting for a slot there.
+
+_host_clients: dict[str, Any] = {}
+
+
+def _default_url() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _host_client(url: str, timeout: int = 7200) -> Any:
+    import docker
+
+    with _client_lock:
+        if (url, timeout) not in _host_clients:
+            tls = docker.utils.kwargs_from_env().get("tls") if url.startswith("tcp://") else None
+            try:
+                client = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=128,
+                                             tls=tls or False, use_ssh_client=url.startswith("ssh://"))
+                client.ping()
+            except Exception as e:
+                raise EnvError(f"Docker engine {url} unreachable ({type(e).__name__}: {e})") from None
+            _host_clients[url, timeout] = client
+        return _host_clients[url, timeout]
+
+
+@dataclasses.dataclass(eq=False)
+class Host:
+    url: str | None  # None: the default engine
+    slots: int  # containers at once
+    busy: int = 0
+    held_s: float = 0.0  # total seconds slots were held, over `released` releases: what a wait costs
+    released: int = 0
+    dead: str | None = None  # why the run gave this engine up
+
+
+class Hosts:
+    """The run's engines. `acquire(image)` blocks until a live engine has a free slot and takes it:
+    a snapshot's fork goes where the image is; a fresh start goes to the least-loaded engine (each
+    builds or pulls task images itself). `release` frees the slot; after a failure it pings the
+    engine and, if it does not answer, gives it up: its snapshots are gone, so forks of them fail at
+    once instead of waiting. Spec: "URL[#slots],..." (slots default: the engine's CPUs); "" = the
+    default engine with no slot limit of its own (the pool's --concurrency bounds it, as before).
+    move: "auto" copies a snapshot to an engine with a free slot when its own engines are full and
+    the copy is expected to be faster than the wait; "always" whenever they are full; "never"."""
+
+    def __init__(self, spec: str = "", move: str = "auto"):
+        self.move, self.cond = move, threading.Condition()
+        self.where: dict[str, set[str | None]] = {}  # snapshot tag -> engines holding a copy
+        self.moving: set[str] = set()
+        self.sizes: dict[str, int] = {}
+        self.counts: collections.Counter = collections.Counter()
+        self.hosts = []
+        for item in filter(None, (x.strip() for x in spec.split(","))):
+            url, _, n = item.partition("#")
+            url = None if url in ("", _default_url()) else url
+            if any(h.url == url for h in self.hosts):
+                raise UserError(f"--docker-hosts: {item} is listed twice")
+            self.hosts.append(Host(url, int(n) if n else _engine_ncpu(url)))
+        self.hosts = self.hosts or [Host(None, 1 << 30)]
+
+    def live(self) -> list[str | None]:
+        return [h.url for h in self.hosts if not h.dead]
+
+    def note(self, tag: str, host: str | None) -> None:
+        with self.cond:
+            self.where.setdefault(tag, set()).add(host)
+
+    def homes(self, tag: str) -> list[str | None]:
+        """The live engines holding `tag` (a tag the run never noted is on the default engine)."""
+        dead = {h.url for h in self.hosts if h.dead}
+        return [u for u in self.where.get(tag, {None}) if u not in dead]
+
+    def home(self, tag: str) -> str | None:
+        homes = self.homes(tag)
+        if not homes:
+            raise EnvError(f"snapshot {tag}: the engine holding it was lost")
+        return homes[0]
+
+    def forget(self, tag: str | None) -> list[str | None]:
+        """The live engines holding `tag`, dropping the run's note of it (it is being removed)."""
+        with self.cond:
+            homes = self.homes(tag) if tag else []
+            self.where.pop(tag, None)
+        return homes or [None]
+
+    def acquire(self, image: str | None = None) -> Host:
+        """A slot for a container from `image` (None: a task image; else a snapshot to fork)."""
+        with self.cond:
+            while True:
+                live = [h for h in self.hosts if not h.dead]
+                if not live:
+                    raise EnvError("every Docker engine of the run was lost")
+                homes = live if image is None else [h for h in live if h.url in self.homes(image)]
+                if not homes:
+                    raise EnvError(f"snapshot {image}: the engine holding it was lost "
+                                   "(or is not among --docker-hosts)")
+                free = [h for h in homes if h.busy < h.slots]
+                if free:
+                    h = min(free, key=lambda h: h.busy / h.slots)
+                    h.busy += 1
+                    self.counts["forks_home" if image else "fresh"] += 1
+                    return h
+                others = [h for h in live if h not in homes and h.busy < h.slots]
+                if image not in self.moving and others and self._move_pays(image, homes):
+                    dst = min(others, key=lambda h: h.busy / h.slots)
+                    dst.busy += 1  # the slot waits for the copy
+                    self.moving.add(image)
+                    break
+                self.cond.wait()
+        try:
+            self._copy(image, homes[0].url, dst.url)
+        except Exception:
+            self.release(dst, failed=True)
+            raise
+        finally:
+            with self.cond:
+                self.moving.discard(image)
+                self.cond.notify_all()
+        self.counts["forks_moved"] += 1
+        return dst
+
+    def _move_pays(self, image: str, homes: list[Host]) -> bool:
+        if self.move != "auto":
+            return self.move == "always"
+        # Wait ≈ a slot's mean holding time / slots on the best home; copy ≈ the image's size at the
+        # rate copies went so far (before any: assume the copy wins, episodes last minutes).
+        wait = min((h.held_s / h.released / h.slots) if h.released else float("inf") for h in homes)
+        rate = self.counts["move_bytes"] / self.counts["move_s"] if self.counts["move_s"] else 100e6
+        if image not in self.sizes:
+            self.sizes[image] = docker_client(homes[0].url).api.inspect_image(image)["Size"]
+        return self.sizes[image] / rate < wait
+
+    def _copy(self, image: str, src: str | None, dst: str | None) -> None:
+        """docker save on `src` streamed into docker load on `dst` (all layers: save has no deltas)."""
+        t, n = time.monotonic(), 0
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal n
+            for c in docker_client(src).api.get_image(image):
+                n += len(c)
+                yield c
+
+        docker_client(dst).images.load(chunks())
+        with self.cond:
+            self.where[image].add(dst)
+            self.counts.update(moves=1, move_bytes=n, move_s=time.monotonic() - t)
+
+    def release(self, host: Host, failed: bool = False, held_s: float = 0.0) -> None:
+        alive = True
+        if failed:  # was it the engine? a short ping tells (a lost ssh/tcp host must not hang us)
+            try:
+                (_host_client(host.url, 10) if host.url else docker_client()).ping()
+            except Exception as e:
+                alive = False
+                why = f"{type(e).__name__}: {e}"
+        with self.cond:
+            host.busy -= 1
+            host.held_s, host.released = host.held_s + held_s, host.released + 1
+            if not alive and not host.dead:
+                host.dead = why
+                self.counts["hosts_lost"] += 1
+                log0(f"docker host {host.url or _default_url()} lost ({why}); going on without it")
+            self.cond.notify_all()
+
+    @contextmanager
+    def slot(self, image: str | None = None) -> Iterator[str | None]:
+        """A slot while the block runs (for code outside the rollout pool); yields the engine."""
+        host, t, failed = self.acquire(image), time.monotonic(), False
+        try:
+            yield host.url
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            self.release(host, failed, time.monotonic() - t)
+
+
+HOSTS = Hosts()  # the run's engines; stages set it from --docker-hosts with use_docker_hosts()
+
+
+def use_docker_hosts(spec: str, move: str = "auto") -> Hosts:
+    global HOSTS
+    HOSTS = Hosts(spec, move)
+    return HOSTS
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -1457,11 +1663,12 @@ class Episode:
     category: str | None = None  # classify_failure() when reward < 1 (None for an error)
     seconds: float = 0.0  # wall time from asking for a container to its removal
     queue_s: float = 0.0  # time queued behind other requests for the engine (not charged to the agent)
+    host: str | None = None  # the Docker engine it ran on (None: the default one)
 
     def record(self) -> dict:
         """JSON-able: what stages write to disk (trajectories, failure records)."""
         keys = ("parent", "seed", "turns", "end", "commands", "malformed", "reward", "verify_error",
-                "error", "snapshot", "category", "seconds", "queue_s", "attempt_from", "messages")
+                "error", "snapshot", "category", "seconds", "queue_s", "attempt_from", "messages", "host")
         return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
                 "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
 
@@ -1477,12 +1684,13 @@ class FailureState:
     ids: list[int]
     category: str
     policy: str = ""
+    host: str | None = None  # the Docker engine holding the snapshot (None: the default one)
 
     @classmethod
     def from_episode(cls, ep: Episode, policy: str = "") -> FailureState:
         body = json.dumps([ep.task.name, ep.messages], sort_keys=True).encode()
         return cls(hashlib.sha256(body).hexdigest()[:16], ep.task.name, ep.snapshot or "",
-                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy)
+                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy, ep.host)
 
 
 def first_attempt(task: Task, tokenizer: Any, seed: int | None = None) -> Episode:
@@ -1682,11 +1890,14 @@ class RolloutPool:
             return None
 
     def _run(self, ep: Episode, image: str | None, snapshot: str, queue: EngineQueue) -> Episode:
-        t, env = time.monotonic(), None
+        t, env, host = time.monotonic(), None, None
         try:
             if self.closed.is_set():
                 raise EngineClosed("the rollout pool was closed")
-            env = self._guard(ep, "start", lambda: start_env(ep.task, image, self.internet))
+            host = self._guard(ep, "start", lambda: HOSTS.acquire(image))
+            if host is not None:
+                ep.host, held = host.url, time.monotonic()
+                env = self._guard(ep, "start", lambda: start_env(ep.task, image, self.internet, host=ep.host))
             if env is not None:
                 self._episode(ep, env, queue)
             if env is not None and not ep.error and not self.closed.is_set():
@@ -1694,6 +1905,8 @@ class RolloutPool:
         finally:
             if env is not None:
                 env.close()
+            if host is not None:
+                HOSTS.release(host, failed=ep.error is not None, held_s=time.monotonic() - held)
             if self.closed.is_set() and ep.snapshot:  # stopped: nobody will own this image
                 remove_image(ep.snapshot)
                 ep.snapshot = None
@@ -1786,6 +1999,7 @@ def _cli(argv: list[str]) -> None:
     reap_p = sub.add_parser("reap", help="remove every container and unkept snapshot image labelled reterm")
     reap_p.add_argument("--kept", action="store_true",
                         help="also remove kept failure-state snapshots (their records become unusable)")
+    reap_p.add_argument("--docker-hosts", default="", help="URL[,URL...]: engines to reap (default: local)")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -1794,8 +2008,9 @@ def _cli(argv: list[str]) -> None:
         docker_up()
         print(f"docker ready; base image {BASE_IMAGE} present")
     elif args.cmd == "reap":
-        n, m = reap(run_id=None, kept=args.kept)
-        print(f"removed {n} containers and {m} snapshot images")
+        for host in use_docker_hosts(args.docker_hosts).live():
+            n, m = reap(run_id=None, kept=args.kept, host=host)
+            print(f"{host or _default_url()}: removed {n} containers and {m} snapshot images")
     elif args.cmd == "tiny-model":
         print(make_tiny_model(args.out, arch=args.arch))
 
