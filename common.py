@@ -618,14 +618,14 @@ def run_concurrently(fn: Callable[[Any], Any], items: list, concurrency: int, de
 # ════════════════════════════════════════════════════════════════════════════
 # docker hosts: one run's containers over several engines, forks where their snapshot is
 # ════════════════════════════════════════════════════════════════════════════
-# A host is a docker-py base URL: unix:///path.sock, ssh://user@node (the ssh binary, so
-# ~/.ssh/config and agents apply) or tcp://node:2376 (TLS from DOCKER_TLS_VERIFY / DOCKER_CERT_PATH).
-# None is the default engine (DOCKER_HOST or the local socket), so a single-engine run's records
-# look as before. A snapshot is an image on one engine; its forks start there, or after the image
-# is copied (`docker save | docker load` through the two clients) when the copy is expected to
-# take less time than waiting for a slot there.
+# A host is a docker-py base URL: unix:///x.sock, ssh://user@node (the ssh binary: ~/.ssh/config
+# and agents apply), tcp://node:2376 (TLS from DOCKER_TLS_VERIFY/DOCKER_CERT_PATH). None is the
+# default engine (DOCKER_HOST or the local socket), so one-engine records look as they always did.
+# A snapshot is an image on one engine: its forks start there, or on another engine after a copy
+# (docker save streamed into docker load; no deltas, the base layers cross too) when the copy is
+# expected to take less than the wait for a slot where the image is.
 
-_host_clients: dict[str, Any] = {}
+_host_clients: dict[tuple[str, int], Any] = {}
 
 
 def _default_url() -> str:
@@ -639,12 +639,12 @@ def _host_client(url: str, timeout: int = 7200) -> Any:
         if (url, timeout) not in _host_clients:
             tls = docker.utils.kwargs_from_env().get("tls") if url.startswith("tcp://") else None
             try:
-                client = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=128,
-                                             tls=tls or False, use_ssh_client=url.startswith("ssh://"))
-                client.ping()
+                c = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=128, tls=tls or False,
+                                        use_ssh_client=url.startswith("ssh://"))
+                c.ping()
             except Exception as e:
                 raise EnvError(f"Docker engine {url} unreachable ({type(e).__name__}: {e})") from None
-            _host_clients[url, timeout] = client
+            _host_clients[url, timeout] = c
         return _host_clients[url, timeout]
 
 
@@ -653,28 +653,25 @@ class Host:
     url: str | None  # None: the default engine
     slots: int  # containers at once
     busy: int = 0
-    held_s: float = 0.0  # total seconds slots were held, over `released` releases: what a wait costs
-    released: int = 0
-    dead: str | None = None  # why the run gave this engine up
+    held: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0])  # slot-seconds, releases
+    dead: str | None = None  # why the run gave it up
 
 
 class Hosts:
-    """The run's engines. `acquire(image)` blocks until a live engine has a free slot and takes it:
-    a snapshot's fork goes where the image is; a fresh start goes to the least-loaded engine (each
-    builds or pulls task images itself). `release` frees the slot; after a failure it pings the
-    engine and, if it does not answer, gives it up: its snapshots are gone, so forks of them fail at
-    once instead of waiting. Spec: "URL[#slots],..." (slots default: the engine's CPUs); "" = the
-    default engine with no slot limit of its own (the pool's --concurrency bounds it, as before).
-    move: "auto" copies a snapshot to an engine with a free slot when its own engines are full and
-    the copy is expected to be faster than the wait; "always" whenever they are full; "never"."""
+    """The run's engines, from "URL[#slots],..." (slots: the engine's CPUs unless given; "" = the
+    default engine, unbounded: the pool's --concurrency limits it as before). acquire() waits for a
+    free slot on a live engine: a fork's where its snapshot is, a fresh start's on the least loaded
+    (each engine builds or pulls task images itself). move = auto | always | never: copy a snapshot
+    to an engine with a free slot when its own are full (auto: if the copy is expected to be faster
+    than the wait). After a failed episode release() pings the engine; one that does not answer is
+    given up, its snapshots with it, and forks of them fail at once instead of waiting."""
 
     def __init__(self, spec: str = "", move: str = "auto"):
-        self.move, self.cond = move, threading.Condition()
+        self.move, self.cond, self.counts = move, threading.Condition(), collections.Counter()
         self.where: dict[str, set[str | None]] = {}  # snapshot tag -> engines holding a copy
         self.moving: set[str] = set()
         self.sizes: dict[str, int] = {}
-        self.counts: collections.Counter = collections.Counter()
-        self.hosts = []
+        self.hosts: list[Host] = []
         for item in filter(None, (x.strip() for x in spec.split(","))):
             url, _, n = item.partition("#")
             url = None if url in ("", _default_url()) else url
@@ -691,49 +688,46 @@ class Hosts:
             self.where.setdefault(tag, set()).add(host)
 
     def homes(self, tag: str) -> list[str | None]:
-        """The live engines holding `tag` (a tag the run never noted is on the default engine)."""
-        dead = {h.url for h in self.hosts if h.dead}
-        return [u for u in self.where.get(tag, {None}) if u not in dead]
+        """The live engines holding `tag` (one the run never noted is on the default engine)."""
+        return [u for u in self.where.get(tag, {None}) if u in self.live()]
 
     def home(self, tag: str) -> str | None:
-        homes = self.homes(tag)
-        if not homes:
-            raise EnvError(f"snapshot {tag}: the engine holding it was lost")
-        return homes[0]
+        if homes := self.homes(tag):
+            return homes[0]
+        raise EnvError(f"snapshot {tag}: the engine holding it was lost or is not among --docker-hosts")
 
     def forget(self, tag: str | None) -> list[str | None]:
-        """The live engines holding `tag`, dropping the run's note of it (it is being removed)."""
+        """Where `tag` is (it is being removed); the run's note of it goes."""
         with self.cond:
             homes = self.homes(tag) if tag else []
             self.where.pop(tag, None)
         return homes or [None]
 
     def acquire(self, image: str | None = None) -> Host:
-        """A slot for a container from `image` (None: a task image; else a snapshot to fork)."""
+        """A slot for a container of a task image (None) or a fork of snapshot `image`."""
         with self.cond:
             while True:
-                live = [h for h in self.hosts if not h.dead]
-                if not live:
+                if not self.live():
                     raise EnvError("every Docker engine of the run was lost")
-                homes = live if image is None else [h for h in live if h.url in self.homes(image)]
-                if not homes:
-                    raise EnvError(f"snapshot {image}: the engine holding it was lost "
-                                   "(or is not among --docker-hosts)")
+                urls = self.live() if image is None else self.homes(image) or [self.home(image)]
+                homes = [h for h in self.hosts if h.url in urls]
                 free = [h for h in homes if h.busy < h.slots]
                 if free:
                     h = min(free, key=lambda h: h.busy / h.slots)
                     h.busy += 1
                     self.counts["forks_home" if image else "fresh"] += 1
                     return h
-                others = [h for h in live if h not in homes and h.busy < h.slots]
+                others = [h for h in self.hosts if not h.dead and h not in homes and h.busy < h.slots]
                 if image not in self.moving and others and self._move_pays(image, homes):
                     dst = min(others, key=lambda h: h.busy / h.slots)
-                    dst.busy += 1  # the slot waits for the copy
+                    dst.busy += 1  # held for this fork while the copy runs
                     self.moving.add(image)
                     break
                 self.cond.wait()
         try:
             self._copy(image, homes[0].url, dst.url)
+            self.counts["forks_moved"] += 1
+            return dst
         except Exception:
             self.release(dst, failed=True)
             raise
@@ -741,66 +735,60 @@ class Hosts:
             with self.cond:
                 self.moving.discard(image)
                 self.cond.notify_all()
-        self.counts["forks_moved"] += 1
-        return dst
 
     def _move_pays(self, image: str, homes: list[Host]) -> bool:
         if self.move != "auto":
             return self.move == "always"
-        # Wait ≈ a slot's mean holding time / slots on the best home; copy ≈ the image's size at the
-        # rate copies went so far (before any: assume the copy wins, episodes last minutes).
-        wait = min((h.held_s / h.released / h.slots) if h.released else float("inf") for h in homes)
+        # wait ≈ a slot's mean holding time / slots; copy ≈ size / the rate of earlier copies (none
+        # yet: assume the copy wins, as episodes take minutes and a copy seconds)
+        wait = min(h.held[0] / h.held[1] / h.slots if h.held[1] else float("inf") for h in homes)
         rate = self.counts["move_bytes"] / self.counts["move_s"] if self.counts["move_s"] else 100e6
         if image not in self.sizes:
             self.sizes[image] = docker_client(homes[0].url).api.inspect_image(image)["Size"]
         return self.sizes[image] / rate < wait
 
     def _copy(self, image: str, src: str | None, dst: str | None) -> None:
-        """docker save on `src` streamed into docker load on `dst` (all layers: save has no deltas)."""
-        t, n = time.monotonic(), 0
+        t, n = time.monotonic(), [0]
 
         def chunks() -> Iterator[bytes]:
-            nonlocal n
             for c in docker_client(src).api.get_image(image):
-                n += len(c)
+                n[0] += len(c)
                 yield c
 
         docker_client(dst).images.load(chunks())
         with self.cond:
-            self.where[image].add(dst)
-            self.counts.update(moves=1, move_bytes=n, move_s=time.monotonic() - t)
+            self.where.setdefault(image, {src}).add(dst)
+            self.counts.update(moves=1, move_bytes=n[0], move_s=time.monotonic() - t)
 
     def release(self, host: Host, failed: bool = False, held_s: float = 0.0) -> None:
-        alive = True
-        if failed:  # was it the engine? a short ping tells (a lost ssh/tcp host must not hang us)
+        why = None
+        if failed:  # the engine's fault? a short ping tells (a vanished ssh/tcp host must not hang us)
             try:
                 (_host_client(host.url, 10) if host.url else docker_client()).ping()
             except Exception as e:
-                alive = False
                 why = f"{type(e).__name__}: {e}"
         with self.cond:
             host.busy -= 1
-            host.held_s, host.released = host.held_s + held_s, host.released + 1
-            if not alive and not host.dead:
+            host.held[0] += held_s
+            host.held[1] += 1
+            if why and not host.dead:
                 host.dead = why
                 self.counts["hosts_lost"] += 1
-                log0(f"docker host {host.url or _default_url()} lost ({why}); going on without it")
+                log0(f"Docker engine {host.url or _default_url()} lost ({why}); going on without it")
             self.cond.notify_all()
 
     @contextmanager
     def slot(self, image: str | None = None) -> Iterator[str | None]:
-        """A slot while the block runs (for code outside the rollout pool); yields the engine."""
-        host, t, failed = self.acquire(image), time.monotonic(), False
+        """acquire/release around a block (code outside the rollout pool); yields the engine."""
+        host, t, failed = self.acquire(image), time.monotonic(), True
         try:
             yield host.url
-        except BaseException:
-            failed = True
-            raise
+            failed = False
         finally:
             self.release(host, failed, time.monotonic() - t)
 
 
-HOSTS = Hosts()  # the run's engines; stages set it from --docker-hosts with use_docker_hosts()
+HOSTS = Hosts()  # the run's engines: stages set them from --docker-hosts
 
 
 def use_docker_hosts(spec: str, move: str = "auto") -> Hosts:
