@@ -380,7 +380,6 @@ def push_weights(model, engine) -> None:
 
 def main(argv: list[str] | None = None) -> Path:
     cfg = C.parse_config(Config, argv)
-    C.use_docker_hosts(cfg.docker_hosts)
     if cfg.mode not in ("fork", "standard"):
         raise SystemExit(f"--mode {cfg.mode!r}: choose fork or standard")
     if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
@@ -404,7 +403,8 @@ def main(argv: list[str] | None = None) -> Path:
     engine = pool = None
     tasks = {t.name: t for t in C.load_tasks(cfg.tasks)}
     with C.env_session():
-        if rank == 0:
+        if rank == 0:  # the only rank that talks to Docker engines
+            C.use_docker_hosts(cfg.docker_hosts)
             pool = extra["pool"] if extra else init_pool(cfg, out, tasks)
             _gc_orphans(out, pool)
             C.log0(f"{cfg.mode}: pool {len(pool['states'])} states, {len(tasks)} tasks, B={cfg.batch_states} "
