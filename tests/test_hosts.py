@@ -6,6 +6,7 @@ episodes and its failure states."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import textwrap
 
@@ -138,10 +139,14 @@ def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, 
     rewards = [{key: [ep.reward for ep in g] for _, key, _, g in gs} for gs in (groups1, groups2)]
     assert rewards[0] == rewards[1]
     assert sorted(map(tuple, rewards[1].values())) == [(0.0,) * 3, (1.0,) * 3]
+    ours = [s.snapshot for s in base + states] + [  # the default engine is shared: only ours count
+        "reterm-pool/" + hashlib.sha256(str((tmp_path / g).resolve()).encode()).hexdigest()[:12]
+        for g in ("g1", "g2")]
     for url in (None, d2):  # no container, snapshot or pool tag left on either engine
         assert leftovers(url) == ([], [])
-        assert not [t for im in C.docker_client(url).images.list() for t in im.tags
-                    if t.startswith(("reterm-pool/", "reterm-snap/"))]
+        tags = [t for im in C.docker_client(url).images.list() for t in im.tags]
+        mine = tuple(ours) if url is None else ("reterm-snap/", "reterm-pool/")  # the second is all ours
+        assert not [t for t in tags if t.startswith(mine)]
 
 
 class StopsAnEngine(ScriptedEngine):
