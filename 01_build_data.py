@@ -59,6 +59,7 @@ class Config:
     no_internet: bool = False  # no network for any task (default: as each task.toml says)
     tokenizer: str | None = None  # tokenizer for the token-length stats (default: --model, else the tiny one)
     concurrency: int = 4  # tasks worked on at once
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     task_filter: str | None = None  # regex: only tasks whose name matches
     seed: int = 0  # fault choice / sampling seed
 
@@ -223,7 +224,7 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
     run_descs = [d for j, (d, _) in enumerate(steps) if not (
         fault.kind == "drop" and j == fault.step or fault.kind == "stop" and j >= fault.step)]
     ran = []  # what the rollout's classify_failure looks at
-    with C.start_env(task, internet=not cfg.no_internet) as env:
+    with C.HOSTS.slot() as host, C.start_env(task, internet=not cfg.no_internet, host=host) as env:
         for d, cmd in zip(run_descs, fault.commands, strict=True):
             r = act(env, msgs, f"Next: {d}.", cmd, cfg.command_timeout)
             ran.append({"command": cmd, "exit_code": r.exit_code, "timed_out": r.timed_out})
@@ -343,7 +344,7 @@ def api_run(cfg: Config, task: C.Task, msgs: list[dict], snapshot: str | None = 
     """The API model goes on from `msgs` in a fork of `snapshot` (a recovery), or else in a fresh
     container snapshotted before the verifier runs (a first attempt; the snapshot kept if it fails)."""
     net = not cfg.no_internet
-    with C.fork(snapshot, task, 1, net)[0] if snapshot else C.start_env(task, internet=net) as env:
+    with C.HOSTS.slot(snapshot) as host, C.start_env(task, snapshot, internet=net, host=host) as env:
         new = api_episode(cfg, env, msgs)
         snap = None if snapshot else env.snapshot()
         reward = env.verify().reward
@@ -535,6 +536,7 @@ def main(argv: list[str] | None = None) -> dict:
     scaffold = C.load_scaffold(cfg.scaffold or cfg.student_model or cfg.model,
                                **{k: getattr(cfg, k) for k in keys})
     cfg = dataclasses.replace(cfg, **{k: getattr(scaffold, k) for k in keys})
+    C.use_docker_hosts(cfg.docker_hosts)
     out = Path(cfg.out)
     raws = read_import(cfg.import_path) if cfg.import_path else []  # refused before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ class Config:
     engine: str = "vllm"  # vllm | hf
     attempts: int = 4  # k attempts per task
     concurrency: int = 16  # container slots (attempts running at once)
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     max_turns: int | None = None  # assistant turns per attempt (default: the model's scaffold.json)
     max_context: int | None = None  # tokens per attempt (default: the model's scaffold)
     max_tokens: int | None = None  # tokens per assistant turn (default: the model's scaffold)
@@ -50,11 +51,14 @@ class Config:
     gc: bool = False  # only garbage-collect: remove unreferenced snapshots and records whose image is gone
 
 
-def snapshot_exists(tag: str) -> bool:
+def snapshot_exists(tag: str, host: str | None = None) -> bool:
+    """False only when the engine says the image is gone; an unreachable engine is an error."""
+    import docker
+
     try:
-        C.docker_client().images.get(tag)
+        C.docker_client(host).images.get(tag)
         return True
-    except Exception:
+    except docker.errors.NotFound:
         return False
 
 
@@ -63,7 +67,7 @@ def gc(out: Path) -> tuple[int, int]:
     whose image is gone. Scoped to runs.txt so other folders' failure states are never touched."""
     path = out / "failures.jsonl"
     records = C.read_jsonl(path)
-    alive = [r for r in records if snapshot_exists(r["snapshot"])]
+    alive = [r for r in records if snapshot_exists(r["snapshot"], r.get("host"))]
     if len(alive) < len(records):
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in alive))
@@ -71,10 +75,12 @@ def gc(out: Path) -> tuple[int, int]:
     runs = set((out / "runs.txt").read_text().split()) if (out / "runs.txt").exists() else set()
     referenced = {r["snapshot"] for r in alive}
     removed = 0
-    for im in C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=1"]}):
-        if im.labels.get("reterm.run") in runs and not referenced & set(im.tags):
-            C.remove_image(im.id)
-            removed += 1
+    kept = {"label": ["reterm.kind=snapshot", "reterm.keep=1"]}
+    for host in {*C.HOSTS.live(), *(r.get("host") for r in records)}:
+        for im in C.docker_client(host).images.list(filters=kept):
+            if im.labels.get("reterm.run") in runs and not referenced & set(im.tags):
+                C.remove_image(im.id, host)
+                removed += 1
     return removed, len(records) - len(alive)
 
 
@@ -136,7 +142,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
             C.append_jsonl(log_path, {"task": ep.task.name, "attempt": k, "reward": ep.reward,
                                       "category": ep.category, "turns": ep.turns, "end": ep.end,
                                       "failure": rid, "error": ep.error, "seconds": ep.seconds,
-                                      "queue_s": round(ep.queue_s, 2)})
+                                      "queue_s": round(ep.queue_s, 2), "host": ep.host})
             bar.update(1)
             stats = pool.stats()
             bar.set_postfix(engine_idle=stats["engine_idle_frac"], env_steps=stats.get("env_steps", 0))
@@ -156,6 +162,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
+    C.use_docker_hosts(cfg.docker_hosts)
     if cfg.gc:
         removed, dropped = gc(Path(cfg.out))
         print(f"gc: removed {removed} unreferenced snapshot images, "

@@ -79,6 +79,7 @@ class Config:
     split_seed: int = 0  # seed of the --sample permutation
     no_internet: bool = False  # no network for any task (default: as each task.toml says)
     concurrency: int = 64  # containers stepped at once
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     engine: str = "vllm"  # vllm | hf (transformers fallback)
     dtype: str = "bfloat16"  # engine weights' dtype
     gpu_memory_utilization: float = 0.35  # vLLM's share of GPU 0 (colocated with training)
@@ -154,6 +155,20 @@ def sample_by_mastery(keys: list[str], hist: dict, k: int, floor: float, rng: ra
 
 def pool_add(pool: dict, state: C.FailureState, image: str, step: int) -> None:
     pool["states"][state.id] = {"state": dataclasses.asdict(state) | {"snapshot": image}, "added": step}
+    C.HOSTS.note(image, state.host)
+
+
+def pool_drop_lost(pool: dict) -> int:
+    """States whose snapshot went with a lost Docker engine leave the pool; a copy elsewhere keeps one."""
+    lost = 0
+    for sid, s in list(pool["states"].items()):
+        homes = C.HOSTS.homes(s["state"]["snapshot"])
+        if not homes:
+            del pool["states"][sid]
+            lost += 1
+        elif s["state"].get("host") not in homes:
+            s["state"]["host"] = homes[0]
+    return lost
 
 
 def pool_prune(pool: dict, cfg: Config) -> list[str]:
@@ -181,14 +196,20 @@ def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -
     if cfg.mode == "fork" and cfg.failures:
         repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
         for s in load_failures(cfg.failures):
-            if s.task in tasks and not fits(s, tasks, tok, rcfg, cfg.min_recovery_tokens):
+            if s.task not in tasks or s.id in pool["states"]:
+                continue
+            try:  # a tag of the pool's own: dropping it later never touches the original image
+                if s.host not in C.HOSTS.live():
+                    raise C.EnvError(f"its engine {s.host} is not among --docker-hosts")
+                image = C.docker_client(s.host).images.get(s.snapshot)
+            except Exception as e:
+                C.log0(f"  skip state: snapshot {s.snapshot} unusable ({type(e).__name__}: {e})")
+                continue
+            if not fits(s, tasks, tok, rcfg, cfg.min_recovery_tokens):
                 pool["skipped_long"] += 1
-            elif s.task in tasks and s.id not in pool["states"]:
-                try:  # a tag of the pool's own: dropping it later never touches the original image
-                    C.docker_client().images.get(s.snapshot).tag(repo, s.id)
-                    pool_add(pool, s, f"{repo}:{s.id}", 0)
-                except Exception as e:
-                    C.log0(f"  skip state: snapshot {s.snapshot} unusable ({type(e).__name__})")
+                continue
+            image.tag(repo, s.id)
+            pool_add(pool, s, f"{repo}:{s.id}", 0)
         if pool["skipped_long"]:
             C.log0(f"skipped {pool['skipped_long']} failure states whose prefix leaves less than the minimum "
                    f"recovery budget of the {rcfg.max_context}-token context")
@@ -197,7 +218,7 @@ def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -
 
 def _write_live(out: Path, pool: dict) -> None:
     """Every image the pool owns now: on resume, those of steps after the checkpoint are removed."""
-    images = sorted(s["state"]["snapshot"] for s in pool["states"].values())
+    images = sorted([s["state"]["snapshot"], s["state"].get("host")] for s in pool["states"].values())
     (out / "pool_live.json").write_text(json.dumps(images))
 
 
@@ -207,11 +228,15 @@ def _gc_orphans(out: Path, pool: dict) -> None:
     live = out / "pool_live.json"
     owned = {s["state"]["snapshot"] for s in pool["states"].values()}
     if live.exists():
-        for image in set(json.loads(live.read_text())) - owned:
-            C.remove_image(image)
+        for image, host in ((x, None) if isinstance(x, str) else x for x in json.loads(live.read_text())):
+            if image not in owned:
+                C.remove_image(image, host)
     for sid, s in list(pool["states"].items()):
-        try:
-            C.docker_client().images.get(s["state"]["snapshot"])
+        try:  # an engine that is not among this run's hosts cannot fork it either
+            if s["state"].get("host") not in C.HOSTS.live():
+                raise C.EnvError("its engine is not among --docker-hosts")
+            C.docker_client(s["state"].get("host")).images.get(s["state"]["snapshot"])
+            C.HOSTS.note(s["state"]["snapshot"], s["state"].get("host"))
         except Exception:
             del pool["states"][sid]
     _write_live(out, pool)
@@ -259,6 +284,8 @@ def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.Rol
                 pool_add(pool, state, ep.snapshot, step)
                 added += 1
     stats["env_errors"] = errors
+    stats["states_lost"] = pool_drop_lost(pool)
+    stats |= {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost") if C.HOSTS.counts[k]}
     for _, key, _, g in (x for x in groups if x[3]):
         pool["hist"].setdefault(key, []).append(sum(ep.reward >= 1.0 for ep in g) / len(g))
     return groups, dict(stats), added
@@ -406,7 +433,8 @@ def main(argv: list[str] | None = None) -> Path:
     rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, 1.0), cfg.concurrency,
                             cfg.timeout_multiplier)
     with C.env_session():
-        if rank == 0:
+        if rank == 0:  # the only rank that talks to Docker engines
+            C.use_docker_hosts(cfg.docker_hosts)
             pool = extra["pool"] if extra else init_pool(cfg, out, tasks, tok, rcfg)
             _gc_orphans(out, pool)
             if cfg.mode == "fork" and cfg.failures and not extra and not pool["states"]:

@@ -52,6 +52,7 @@ class Config:
     recovery: bool = False  # run one recovery attempt from each failed trial's snapshot (Recovery@1)
     trials: int = 1  # k trials per task; Pass@1 averages over all (the TB2 leaderboard asks for >= 5)
     concurrency: int = 4  # trials running at once (one container each)
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     task_filter: str | None = None  # regex: only tasks whose name matches
     sample: int = 0  # draw N tasks from a seeded permutation (0 = all); see --sample-skip
     sample_skip: int = 0  # skip the permutation's first K (train = --sample N, held-out = --sample-skip N)
@@ -77,7 +78,7 @@ def new_row(cfg: Config, task: C.Task, trial: int) -> dict:
     return {"task": task.name, "trial": trial, "category": task.category, "difficulty": task.difficulty,
             "reward": 0.0, "error": None, "error_type": None, "turns": 0, "agent_timed_out": False,
             "internet": task.allow_internet and not cfg.no_internet, "image": None, "image_id": None,
-            "verified": False, "started_at": now()}
+            "verified": False, "started_at": now(), "host": None}
 
 
 def run_trial(cfg: Config, task: C.Task, trial: int, out: Path) -> dict:
@@ -86,7 +87,8 @@ def run_trial(cfg: Config, task: C.Task, trial: int, out: Path) -> dict:
     t0, row = time.monotonic(), new_row(cfg, task, trial)
     tdir, logs = trial_dir(out, task.name, trial), []
     try:
-        with C.start_env(task, internet=not cfg.no_internet) as env:
+        with C.HOSTS.slot() as row["host"], C.start_env(task, internet=not cfg.no_internet,
+                                                        host=row["host"]) as env:
             row.update(image=env.image, image_id=env.image_id, environment_setup=[row["started_at"], now()])
             start = now()
             if cfg.agent == "oracle":
@@ -275,7 +277,7 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path, imag
                 "reward": ep.reward, "error": ep.error or ep.verify_error, "turns": ep.turns,
                 "end": ep.end, "error_type": error_type, "error_category": ep.category,
                 "agent_timed_out": ep.end == "timeout", "seconds": ep.seconds,
-                "queue_s": round(ep.queue_s, 2)}, ep)
+                "queue_s": round(ep.queue_s, 2), "host": ep.host}, ep)
             bar.update(1)
     bar.close()
     C.log0("rollout: " + ", ".join(f"{k} {v:.3g}" for k, v in pool.stats().items()))
@@ -342,6 +344,7 @@ def print_table(summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
+    C.use_docker_hosts(cfg.docker_hosts)
     if cfg.agent not in ("oracle", "null", "policy"):
         raise SystemExit(f"--agent {cfg.agent!r}: choose oracle, null or policy")
     if cfg.agent == "policy" and not cfg.model:

@@ -317,8 +317,10 @@ _client = None
 _client_lock = threading.Lock()
 
 
-def docker_client() -> Any:
+def docker_client(host: str | None = None) -> Any:
     """One shared, thread-safe docker-py client for whatever DOCKER_HOST says."""
+    if host is not None:  # another engine of the run (see "docker hosts")
+        return _host_client(host)
     global _client
     with _client_lock:
         if _client is None:
@@ -336,11 +338,12 @@ def docker_client() -> Any:
 
 
 def ensure_docker_timeout(seconds: float) -> None:
-    """Raise the shared client's HTTP read timeout to at least `seconds` (never lower it): a command,
-    verifier or build blocks on one read, and TB2 tasks allow up to 12,000 s."""
-    api = docker_client().api
+    """Raise every engine client's HTTP read timeout to at least `seconds` (never lower it): a
+    command, verifier or build blocks on one read, and TB2 tasks allow up to 12,000 s."""
+    docker_client()
     with _client_lock:
-        api.timeout = max(api.timeout or 0, seconds)
+        for c in [_client, *_host_clients.values()]:
+            c.api.timeout = max(c.api.timeout or 0, seconds)
 
 
 def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) -> None:
@@ -408,13 +411,13 @@ def _dir_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def _pull(image: str, timeout: float) -> None:
+def _pull(image: str, timeout: float, host: str | None = None) -> None:
     """docker pull with a time limit (a daemon thread: a hung registry can't block exit)."""
     box: list = []
 
     def pull() -> None:
         try:
-            docker_client().images.pull(image)
+            docker_client(host).images.pull(image)
             box.append(None)
         except Exception as e:
             box.append(e)
@@ -428,20 +431,20 @@ def _pull(image: str, timeout: float) -> None:
         raise box[0]
 
 
-def task_image(task: Task) -> str:
+def task_image(task: Task, host: str | None = None) -> str:
     """The task's image. A pinned `docker_image` runs as published: present, or pulled within the
     task's build_timeout_sec, or EnvError -- never a silent build of environment/, which may differ
     from the snapshot the benchmark was scored on (stages build it only with --force-build, which
     clears the pin). Unpinned tasks build environment/, cached under a hash of its contents."""
     import docker
 
-    client = docker_client()
+    client = docker_client(host)
     if task.docker_image:
         with suppress(docker.errors.ImageNotFound):
             client.images.get(task.docker_image)
             return task.docker_image
         try:
-            _pull(task.docker_image, task.build_timeout_sec)
+            _pull(task.docker_image, task.build_timeout_sec, host)
         except Exception as e:
             raise EnvError(f"{task.name}: pinned image {task.docker_image} is absent and could not be pulled "
                            f"({type(e).__name__}: {str(e)[:300]}); --force-build builds environment/ "
@@ -594,8 +597,10 @@ def _parse_reward(out: str, timeout: float) -> Verdict:
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
-    def __init__(self, container: Any, task: Task, image: str, internet: bool = False):
+    def __init__(self, container: Any, task: Task, image: str, internet: bool = False,
+                 host: str | None = None):
         self.container, self.task, self.image, self.internet = container, task, image, internet
+        self.host = host  # the engine it runs on (None: the default one)
         self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
                    if "=" in e)
@@ -675,6 +680,7 @@ class Env:
         labels = " ".join(f"{k}={v}" for k, v in {"reterm.kind": "snapshot", "reterm.keep": int(keep),
                                                    "reterm.run": RUN_ID, **_OWNER}.items())
         self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
+        HOSTS.note(f"{repo}:{t}", self.host)
         return f"{repo}:{t}"
 
     def verify(self, timeout: float | None = None, fresh: bool = False) -> Verdict:
@@ -687,7 +693,7 @@ class Env:
             snap = None
             try:
                 snap = self.snapshot()
-                with start_env(self.task, snap, self.internet) as env:
+                with start_env(self.task, snap, self.internet, self.host) as env:
                     return env.verify(timeout)
             except Exception as e:
                 return Verdict(0.0, infra_error("fresh verifier container", e), "")
@@ -713,29 +719,31 @@ class Env:
 
 
 @functools.cache
-def _engine_ncpu() -> int:
-    return int(docker_client().info().get("NCPU", os.cpu_count() or 1))
+def _engine_ncpu(host: str | None = None) -> int:
+    return int(docker_client(host).info().get("NCPU", os.cpu_count() or 1))
 
 
 @functools.cache
-def _quota_storage() -> bool:
+def _quota_storage(host: str | None = None) -> bool:
     """Whether the engine can cap a container's writable layer (overlay2 on xfs with pquota)."""
-    info = docker_client().info()
+    info = docker_client(host).info()
     backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
     return info.get("Driver") == "overlay2" and backing == "xfs"
 
 
-def start_env(task: Task, image: str | None = None, internet: bool = True) -> Env:
-    """Start a container for `task` (from its image, or from a snapshot image to fork). Network as
-    Harbor gives it: on unless task.toml says allow_internet = false; internet=False (--no-internet)
-    takes it away from every task."""
+def start_env(task: Task, image: str | None = None, internet: bool = True, host: str | None = None) -> Env:
+    """Start a container for `task` (from its image, or from a snapshot image to fork) on engine
+    `host` (None: the default one; `HOSTS.acquire` chooses among several). Network as Harbor gives
+    it: on unless task.toml says allow_internet = false; internet=False (--no-internet) takes it
+    away from every task."""
     import docker
 
-    image, ncpu = image or task_image(task), _engine_ncpu()
+    image, ncpu = image or task_image(task, host), _engine_ncpu(host)
     net = internet and task.allow_internet
-    storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if task.storage_mb and _quota_storage() else {}
+    quota = task.storage_mb and _quota_storage(host)
+    storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if quota else {}
     try:
-        c = docker_client().containers.run(
+        c = docker_client(host).containers.run(
             image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name, **_OWNER},
             network_mode="bridge" if net else "none",
@@ -746,13 +754,14 @@ def start_env(task: Task, image: str | None = None, internet: bool = True) -> En
     # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
     c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
                user="root")
-    return Env(c, task, image, net)
+    return Env(c, task, image, net, host)
 
 
 def fork(snapshot: str, task: Task, n: int, internet: bool = True) -> list[Env]:
-    """n independent containers from one snapshot image (started concurrently)."""
+    """n independent containers from one snapshot image (started concurrently, on its engine)."""
+    host = HOSTS.home(snapshot)
     with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
-        futures = [pool.submit(start_env, task, snapshot, internet) for _ in range(n)]
+        futures = [pool.submit(start_env, task, snapshot, internet, host) for _ in range(n)]
         envs, errors = [], []
         for f in futures:
             try:
@@ -766,9 +775,11 @@ def fork(snapshot: str, task: Task, n: int, internet: bool = True) -> list[Env]:
     return envs
 
 
-def remove_image(tag: str) -> None:
-    with suppress(Exception):  # already gone
-        docker_client().images.remove(tag, force=True)
+def remove_image(tag: str | None, host: str | None = None) -> None:
+    """Remove an image from `host`, or a snapshot from every engine holding a copy of it."""
+    for h in HOSTS.forget(tag) if host is None else [host]:
+        with suppress(Exception):  # already gone
+            docker_client(h).images.remove(tag, force=True)
 
 
 def _stale(labels: dict, everything: bool) -> bool:
@@ -788,12 +799,12 @@ def _stale(labels: dict, everything: bool) -> bool:
     return False
 
 
-def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False, everything: bool = False
-         ) -> tuple[int, int]:
+def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False, everything: bool = False,
+         host: str | None = None) -> tuple[int, int]:
     """Remove containers (and unkept snapshot images) of one run, or with run_id=None of every
-    stale run (see _stale; everything=True: every run); kept=True also removes the snapshots
-    failure records still refer to."""
-    client = docker_client()
+    stale run (see _stale; everything=True: every run), on one engine; kept=True also removes the
+    snapshots failure records still refer to."""
+    client = docker_client(host)
     run = [f"reterm.run={run_id}"] if run_id else []
     # Ids from the low-level API: the high-level list re-fetches each container and raises if a
     # worker thread removes one meanwhile, which would abort cleanup half-way (seen on Ctrl-C).
@@ -807,7 +818,7 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
     images = [im for im in images
               if run_id or _stale(im.labels, everything) or im.labels.get("reterm.keep") == "1"]
     for im in images:
-        remove_image(im.id)
+        remove_image(im.id, host)
     return len(containers), len(images)
 
 
@@ -824,7 +835,9 @@ def env_session() -> Iterator[None]:
     try:
         yield
     finally:
-        reap(RUN_ID)
+        for host in HOSTS.live():
+            with suppress(Exception):  # an engine lost meanwhile must not stop the others' cleanup
+                reap(RUN_ID, host=host)
         if old is not None:
             signal.signal(signal.SIGTERM, old)
 
@@ -845,6 +858,188 @@ def run_concurrently(fn: Callable[[Any], Any], items: list, concurrency: int, de
                 yield futures[f], e
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# docker hosts: one run's containers over several engines, forks where their snapshot is
+# ════════════════════════════════════════════════════════════════════════════
+# A host is a docker-py base URL: unix:///x.sock, ssh://user@node (the ssh binary: ~/.ssh/config
+# and agents apply), tcp://node:2376 (TLS from DOCKER_TLS_VERIFY/DOCKER_CERT_PATH). None is the
+# default engine (DOCKER_HOST or the local socket), so one-engine records look as they always did.
+# A snapshot is an image on one engine: its forks start there, or on another engine after a copy
+# (docker save streamed into docker load; no deltas, the base layers cross too) when the copy is
+# expected to take less than the wait for a slot where the image is.
+
+_host_clients: dict[tuple[str, int], Any] = {}
+
+
+def _default_url() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _host_client(url: str, timeout: int = 7200) -> Any:
+    import docker
+
+    with _client_lock:
+        if (url, timeout) not in _host_clients:
+            tls = docker.utils.kwargs_from_env().get("tls") if url.startswith("tcp://") else None
+            try:
+                c = docker.DockerClient(base_url=url, timeout=timeout, max_pool_size=128, tls=tls or False,
+                                        use_ssh_client=url.startswith("ssh://"))
+                c.ping()
+            except Exception as e:
+                raise EnvError(f"Docker engine {url} unreachable ({type(e).__name__}: {e})") from None
+            _host_clients[url, timeout] = c
+        return _host_clients[url, timeout]
+
+
+@dataclasses.dataclass(eq=False)
+class Host:
+    url: str | None  # None: the default engine
+    slots: int  # containers at once
+    busy: int = 0
+    held: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0])  # slot-seconds, releases
+    dead: str | None = None  # why the run gave it up
+
+
+class Hosts:
+    """The run's engines, from "URL[#slots],..." (slots: the engine's CPUs unless given; "" = the
+    default engine, unbounded: the pool's --concurrency limits it as before). acquire() waits for a
+    free slot on a live engine: a fork's where its snapshot is, a fresh start's on the least loaded
+    (each engine builds or pulls task images itself). move = auto | always | never: copy a snapshot
+    to an engine with a free slot when its own are full (auto: if the copy is expected to be faster
+    than the wait). After a failed episode release() pings the engine; one that does not answer is
+    given up, its snapshots with it, and forks of them fail at once instead of waiting."""
+
+    def __init__(self, spec: str = "", move: str = "auto"):
+        self.move, self.cond, self.counts = move, threading.Condition(), collections.Counter()
+        self.where: dict[str, set[str | None]] = {}  # snapshot tag -> engines holding a copy
+        self.moving: set[str] = set()
+        self.sizes: dict[str, int] = {}
+        self.hosts: list[Host] = []
+        for item in filter(None, (x.strip() for x in spec.split(","))):
+            url, _, n = item.partition("#")
+            url = None if url in ("", _default_url()) else url
+            if any(h.url == url for h in self.hosts):
+                raise UserError(f"--docker-hosts: {item} is listed twice")
+            self.hosts.append(Host(url, int(n) if n else _engine_ncpu(url)))
+        self.hosts = self.hosts or [Host(None, 1 << 30)]
+
+    def live(self) -> list[str | None]:
+        return [h.url for h in self.hosts if not h.dead]
+
+    def note(self, tag: str, host: str | None) -> None:
+        with self.cond:
+            self.where.setdefault(tag, set()).add(host)
+
+    def homes(self, tag: str) -> list[str | None]:
+        """The live engines holding `tag` (one the run never noted is on the default engine)."""
+        return [u for u in self.where.get(tag, {None}) if u in self.live()]
+
+    def home(self, tag: str) -> str | None:
+        if homes := self.homes(tag):
+            return homes[0]
+        raise EnvError(f"snapshot {tag}: the engine holding it was lost or is not among --docker-hosts")
+
+    def forget(self, tag: str | None) -> list[str | None]:
+        """Where `tag` is (it is being removed); the run's note of it goes."""
+        with self.cond:
+            homes = self.homes(tag) if tag else []
+            self.where.pop(tag, None)
+        return homes or [None]
+
+    def acquire(self, image: str | None = None) -> Host:
+        """A slot for a container of a task image (None) or a fork of snapshot `image`."""
+        with self.cond:
+            while True:
+                if not self.live():
+                    raise EnvError("every Docker engine of the run was lost")
+                urls = self.live() if image is None else self.homes(image) or [self.home(image)]
+                homes = [h for h in self.hosts if h.url in urls]
+                free = [h for h in homes if h.busy < h.slots]
+                if free:
+                    h = min(free, key=lambda h: h.busy / h.slots)
+                    h.busy += 1
+                    self.counts["forks_home" if image else "fresh"] += 1
+                    return h
+                others = [h for h in self.hosts if not h.dead and h not in homes and h.busy < h.slots]
+                if image not in self.moving and others and self._move_pays(image, homes):
+                    dst = min(others, key=lambda h: h.busy / h.slots)
+                    dst.busy += 1  # held for this fork while the copy runs
+                    self.moving.add(image)
+                    break
+                self.cond.wait()
+        try:
+            self._copy(image, homes[0].url, dst.url)
+            self.counts["forks_moved"] += 1
+            return dst
+        except Exception:
+            self.release(dst, failed=True)
+            raise
+        finally:
+            with self.cond:
+                self.moving.discard(image)
+                self.cond.notify_all()
+
+    def _move_pays(self, image: str, homes: list[Host]) -> bool:
+        if self.move != "auto":
+            return self.move == "always"
+        # wait ≈ a slot's mean holding time / slots; copy ≈ size / the rate of earlier copies (none
+        # yet: assume the copy wins, as episodes take minutes and a copy seconds)
+        wait = min(h.held[0] / h.held[1] / h.slots if h.held[1] else float("inf") for h in homes)
+        rate = self.counts["move_bytes"] / self.counts["move_s"] if self.counts["move_s"] else 100e6
+        if image not in self.sizes:
+            self.sizes[image] = docker_client(homes[0].url).api.inspect_image(image)["Size"]
+        return self.sizes[image] / rate < wait
+
+    def _copy(self, image: str, src: str | None, dst: str | None) -> None:
+        t, n = time.monotonic(), [0]
+
+        def chunks() -> Iterator[bytes]:
+            for c in docker_client(src).api.get_image(image):
+                n[0] += len(c)
+                yield c
+
+        docker_client(dst).images.load(chunks())
+        with self.cond:
+            self.where.setdefault(image, {src}).add(dst)
+            self.counts.update(moves=1, move_bytes=n[0], move_s=time.monotonic() - t)
+
+    def release(self, host: Host, failed: bool = False, held_s: float = 0.0) -> None:
+        why = None
+        if failed:  # the engine's fault? a short ping tells (a vanished ssh/tcp host must not hang us)
+            try:
+                (_host_client(host.url, 10) if host.url else docker_client()).ping()
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+        with self.cond:
+            host.busy -= 1
+            host.held[0] += held_s
+            host.held[1] += 1
+            if why and not host.dead:
+                host.dead = why
+                self.counts["hosts_lost"] += 1
+                log0(f"Docker engine {host.url or _default_url()} lost ({why}); going on without it")
+            self.cond.notify_all()
+
+    @contextmanager
+    def slot(self, image: str | None = None) -> Iterator[str | None]:
+        """acquire/release around a block (code outside the rollout pool); yields the engine."""
+        host, t, failed = self.acquire(image), time.monotonic(), True
+        try:
+            yield host.url
+            failed = False
+        finally:
+            self.release(host, failed, time.monotonic() - t)
+
+
+HOSTS = Hosts()  # the run's engines: stages set them from --docker-hosts
+
+
+def use_docker_hosts(spec: str, move: str = "auto") -> Hosts:
+    global HOSTS
+    HOSTS = Hosts(spec, move)
+    return HOSTS
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -1758,12 +1953,13 @@ class Episode:
     category: str | None = None  # classify_failure() when reward < 1 (None for an error)
     seconds: float = 0.0  # wall time from asking for a container to its removal
     queue_s: float = 0.0  # time queued behind other requests for the engine (not charged to the agent)
+    host: str | None = None  # the Docker engine it ran on (None: the default one)
 
     def record(self) -> dict:
         """JSON-able: what stages write to disk (trajectories, failure records)."""
         keys = ("parent", "seed", "turns", "end", "commands", "malformed", "reward", "verify_error",
                 "verify_output", "error", "snapshot", "category", "seconds", "queue_s", "attempt_from",
-                "messages")
+                "messages", "host")
         return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
                 "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
 
@@ -1779,12 +1975,13 @@ class FailureState:
     ids: list[int]
     category: str
     policy: str = ""
+    host: str | None = None  # the Docker engine holding the snapshot (None: the default one)
 
     @classmethod
     def from_episode(cls, ep: Episode, policy: str = "") -> FailureState:
         body = json.dumps([ep.task.name, ep.messages], sort_keys=True).encode()
         return cls(hashlib.sha256(body).hexdigest()[:16], ep.task.name, ep.snapshot or "",
-                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy)
+                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy, ep.host)
 
 
 def first_attempt(task: Task, tokenizer: Any, cfg: RolloutConfig | None = None, seed: int | None = None
@@ -1988,11 +2185,14 @@ class RolloutPool:
             return None
 
     def _run(self, ep: Episode, image: str | None, snapshot: str, queue: EngineQueue) -> Episode:
-        t, env = time.monotonic(), None
+        t, env, host = time.monotonic(), None, None
         try:
             if self.closed.is_set():
                 raise EngineClosed("the rollout pool was closed")
-            env = self._guard(ep, "start", lambda: start_env(ep.task, image, self.internet))
+            host = self._guard(ep, "start", lambda: HOSTS.acquire(image))
+            if host is not None:
+                ep.host, held = host.url, time.monotonic()
+                env = self._guard(ep, "start", lambda: start_env(ep.task, image, self.internet, host=ep.host))
             if env is not None:
                 self._episode(ep, env, queue)
             if env is not None and not ep.error and not self.closed.is_set():
@@ -2000,6 +2200,8 @@ class RolloutPool:
         finally:
             if env is not None:
                 env.close()
+            if host is not None:
+                HOSTS.release(host, failed=ep.error is not None, held_s=time.monotonic() - held)
             if self.closed.is_set() and ep.snapshot:  # stopped: nobody will own this image
                 remove_image(ep.snapshot)
                 ep.snapshot = None
@@ -2094,6 +2296,7 @@ def _cli(argv: list[str]) -> None:
     reap_p.add_argument("--kept", action="store_true",
                         help="also remove kept failure-state snapshots (their records become unusable)")
     reap_p.add_argument("--all", action="store_true", help="every run's, live ones and other hosts' included")
+    reap_p.add_argument("--docker-hosts", default="", help="URL[,URL...]: engines to reap (default: local)")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -2102,8 +2305,9 @@ def _cli(argv: list[str]) -> None:
         docker_up()
         print(f"docker ready; base image {BASE_IMAGE} present")
     elif args.cmd == "reap":
-        n, m = reap(run_id=None, kept=args.kept, everything=args.all)
-        print(f"removed {n} containers and {m} snapshot images")
+        for host in use_docker_hosts(args.docker_hosts).live():
+            n, m = reap(run_id=None, kept=args.kept, everything=args.all, host=host)
+            print(f"{host or _default_url()}: removed {n} containers and {m} snapshot images")
     elif args.cmd == "tiny-model":
         print(make_tiny_model(args.out, arch=args.arch))
 

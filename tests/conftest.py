@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
+import docker
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +98,55 @@ class ScriptedEngine:
             ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
             gens.append(C.Generation(ids, [-0.5] * len(ids), "stop"))
         return gens
+
+
+class SecondEngine:
+    """A second dockerd on this machine, as a stand-in for another node's engine: its own socket,
+    data-root, exec-root, pidfile and network namespace, and no bridge (containers run with network
+    none, as the bundled tasks do). Seeded with the base image from the default engine (save | load)."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="reterm-d2-"))
+        self.url, self.proc = f"unix://{self.dir}/sock", None
+
+    def start(self) -> SecondEngine:
+        d = self.dir
+        log = open(d / "dockerd.log", "ab")
+        self.proc = subprocess.Popen(
+            # its own network namespace: with --bridge=none dockerd deletes any `docker0` link it
+            # sees, which would take the default engine's bridge away from every other test
+            ["unshare", "--net", "dockerd", "--host", self.url, "--data-root", f"{d}/root",
+             "--exec-root", f"{d}/exec", "--pidfile", f"{d}/pid", "--bridge=none", "--iptables=false",
+             "--ip-masq=false"],
+            stdout=log, stderr=log, start_new_session=True)
+        for _ in range(120):
+            time.sleep(0.25)
+            with contextlib.suppress(Exception):
+                docker.DockerClient(base_url=self.url, timeout=5).ping()
+                break
+        else:
+            raise RuntimeError(f"second dockerd did not start; see {d}/dockerd.log")
+        client = docker.DockerClient(base_url=self.url, timeout=600)
+        if not client.images.list(name=C.BASE_IMAGE):
+            client.images.load(C.docker_client().api.get_image(C.BASE_IMAGE))
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()  # dockerd stops its containers and unmounts its layers
+            self.proc.wait(60)
+
+
+@pytest.fixture(scope="session")
+def second_engine(docker_ready):
+    """The URL of a second real Docker engine (started here, stopped and deleted at the end)."""
+    if os.geteuid() != 0 or not shutil.which("dockerd"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI needs root and dockerd for the two-engine tests")
+        pytest.skip("a second Docker engine needs root and dockerd")
+    eng = SecondEngine().start()
+    try:
+        yield eng
+    finally:
+        eng.stop()
+        shutil.rmtree(eng.dir, ignore_errors=True)

@@ -1,0 +1,196 @@
+"""Two real Docker engines on one machine: a 05 oracle run and a 04 fork-mode step spread over
+both give the rewards of a one-engine run, every fork starts where its snapshot is (or after a
+counted copy), nothing is left on either engine, and losing an engine mid-step ends only its
+episodes and its failure states."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import textwrap
+
+import pytest
+from conftest import ScriptedEngine
+
+import common as C
+
+E = importlib.import_module("05_eval_tb2")
+G = importlib.import_module("04_reterm_grpo")
+pytestmark = pytest.mark.usefixtures("docker_ready")
+TOML = textwrap.dedent("""\
+    version = "1.0"
+    [metadata]
+    category = "file-operations"
+    [agent]
+    timeout_sec = 60.0
+    [verifier]
+    timeout_sec = 30.0
+    [environment]
+    cpus = 1
+    memory = "256M"
+    allow_internet = false
+    """)
+
+
+def call(cmd: str) -> str:
+    return (f"<tool_call>\n<function=bash>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n"
+            "</tool_call>")
+
+
+@pytest.fixture(autouse=True)
+def one_engine_after():
+    yield
+    C.use_docker_hosts("")
+
+
+def leftovers(url: str | None) -> tuple[list, list]:
+    """Containers and snapshot images of this test run on one engine."""
+    client = C.docker_client(url)
+    mine = [C.LABEL, f"reterm.run={C.RUN_ID}"]
+    return (client.api.containers(all=True, filters={"label": mine}),
+            client.images.list(filters={"label": ["reterm.kind=snapshot", f"reterm.run={C.RUN_ID}"]}))
+
+
+def make_tasks(make_task, names: list[str]) -> dict[str, C.Task]:
+    """Tasks whose tests pass iff /app/out.txt says ok; "stuck" ones also want a file nobody writes."""
+    tasks = {}
+    for n in names:
+        test = ("mkdir -p /logs/verifier; r=0; [ \"$(cat /app/out.txt 2>/dev/null)\" = ok ] && "
+                + ("[ -f /app/never ] && " if n.startswith("stuck") else "") + "r=1\n"
+                "echo $r > /logs/verifier/reward.txt\n")
+        tasks[n] = C.load_task(make_task(n, toml=TOML, test=test))
+    return tasks
+
+
+def test_oracle_eval_over_two_engines_equals_one_engine(make_task, second_engine, tmp_path):
+    make_tasks(make_task, ["a1", "a2", "a3", "stuck1"])
+    root = str(tmp_path / "tasks")
+    one = E.main(["--tasks", root, "--out", str(tmp_path / "one"), "--concurrency", "4"])
+    two = E.main(["--tasks", root, "--out", str(tmp_path / "two"), "--concurrency", "4",
+                  "--docker-hosts", f"{C._default_url()}#2,{second_engine.url}#2"])
+    rows = {d: {r["task"]: r for r in C.read_jsonl(tmp_path / d / "trials.jsonl")} for d in ("one", "two")}
+    rewards = [{t: r["reward"] for t, r in rows[d].items()} for d in ("one", "two")]
+    assert rewards[0] == rewards[1]
+    assert one["pass_at_1"] == two["pass_at_1"] == 0.75
+    assert {r["host"] for r in rows["one"].values()} == {None}
+    assert {r["host"] for r in rows["two"].values()} == {None, second_engine.url}  # spread over both
+    for url in (None, second_engine.url):
+        assert leftovers(url) == ([], [])
+
+
+def _grpo_step(tasks, failures, out, hosts: str, move: str = "auto", engine=None):
+    """Stage 04's rollout half of one fork-mode step (B=2 states x G=3 forks) on `hosts`."""
+    C.use_docker_hosts(hosts, move)
+    cfg = C.parse_config(G.Config, ["--model", "scripted", "--out", str(out), "--failures", str(failures),
+                                    "--batch-states", "2", "--group-size", "3", "--fresh-frac", "0",
+                                    "--concurrency", "8"])
+    rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8,
+                           sampling=C.SamplingConfig(max_tokens=64, seed=0))
+    tok = C.make_tiny_tokenizer()
+    pool = G.init_pool(cfg, out, tasks, tok, rcfg)
+    engine = engine or ScriptedEngine(tok, [call("echo ok > /app/out.txt"), "Fixed."])
+    groups, stats, _ = G.collect(1, cfg, pool, tasks, engine, rcfg)
+    return pool, groups, stats
+
+
+def _failure_states(tasks, path, hosts: str) -> list[C.FailureState]:
+    """Failed first attempts (a snapshot each) of every task, placed by `hosts`."""
+    C.use_docker_hosts(hosts)
+    tok = C.make_tiny_tokenizer()
+    rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8)
+    eps, _ = C.run_attempts(list(tasks.values()), ScriptedEngine(tok, [call("echo no > /app/out.txt")]),
+                            rcfg, snapshot="failed")
+    states = [C.FailureState.from_episode(ep, "scripted") for ep in eps]
+    assert all(s.snapshot for s in states)
+    for s in states:
+        C.append_jsonl(path, dataclasses.asdict(s))
+    return states
+
+
+def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, second_engine, tmp_path):
+    tasks = make_tasks(make_task, ["fix", "stuck"])
+    d2 = second_engine.url
+    with C.env_session():
+        # one engine: states and forks on the default engine
+        base = _failure_states(tasks, tmp_path / "f1.jsonl", "")
+        pool1, groups1, _ = _grpo_step(tasks, tmp_path / "f1.jsonl", tmp_path / "g1", "")
+        for s in list(pool1["states"].values()) + [{"state": dataclasses.asdict(s)} for s in base]:
+            C.remove_image(s["state"]["snapshot"])
+        # two engines: every state on the second one (2 slots), so its 6 forks want 2 more slots
+        states = _failure_states(tasks, tmp_path / "f2.jsonl", f"{d2}#2")
+        assert {s.host for s in states} == {d2} and {s.id for s in states} == {s.id for s in base}
+        pool2, groups2, stats = _grpo_step(tasks, tmp_path / "f2.jsonl", tmp_path / "g2",
+                                           f"{C._default_url()}#2,{d2}#2")
+        hosts = C.HOSTS
+        forks = [(pool2["states"][key]["state"]["snapshot"], ep) for _, key, _, g in groups2 for ep in g]
+        assert len(forks) == 6 and stats["env_errors"] == 0
+        for image, ep in forks:  # each fork ran on an engine that held its snapshot
+            assert ep.host in hosts.where[image]
+            C.docker_client(ep.host).images.get(image)
+        moved = [ep for image, ep in forks if ep.host != d2]
+        assert moved and hosts.counts["moves"] >= 1 and stats["moves"] == hosts.counts["moves"]
+        assert hosts.counts["forks_home"] + hosts.counts["forks_moved"] == 6
+        assert hosts.counts["move_bytes"] > 0
+        for s in pool2["states"].values():  # the pool's tags: every copy
+            C.remove_image(s["state"]["snapshot"])
+        for s in states:  # stage 03's snapshots, made under another Hosts: say where
+            C.remove_image(s.snapshot, s.host)
+    rewards = [{key: [ep.reward for ep in g] for _, key, _, g in gs} for gs in (groups1, groups2)]
+    assert rewards[0] == rewards[1]
+    assert sorted(map(tuple, rewards[1].values())) == [(0.0,) * 3, (1.0,) * 3]
+    ours = [s.snapshot for s in base + states] + [  # the default engine is shared: only ours count
+        "reterm-pool/" + hashlib.sha256(str((tmp_path / g).resolve()).encode()).hexdigest()[:12]
+        for g in ("g1", "g2")]
+    for url in (None, d2):  # no container, snapshot or pool tag left on either engine
+        assert leftovers(url) == ([], [])
+        tags = [t for im in C.docker_client(url).images.list() for t in im.tags]
+        mine = tuple(ours) if url is None else ("reterm-snap/", "reterm-pool/")  # the second is all ours
+        assert not [t for t in tags if t.startswith(mine)]
+
+
+class StopsAnEngine(ScriptedEngine):
+    """Scripted recoveries; the engine `victim` is shut down while the first turns are being served."""
+
+    def __init__(self, tok, victim):
+        super().__init__(tok, [call("sleep 1; echo ok > /app/out.txt"), "Fixed."])
+        self.victim, self.calls = victim, 0
+
+    def generate(self, prompts, sampling, seeds=None):
+        self.calls += 1
+        if self.calls == 2:
+            self.victim.stop()
+        return super().generate(prompts, sampling, seeds)
+
+
+def test_losing_an_engine_mid_step_ends_its_episodes_and_states_only(make_task, second_engine, tmp_path):
+    tasks = make_tasks(make_task, ["fix1", "fix2", "fix3", "fix4"])
+    d2 = second_engine.url
+    hosts = f"{C._default_url()}#2,{d2}#2"
+    try:
+        with C.env_session():
+            states = _failure_states(tasks, tmp_path / "f.jsonl", hosts)
+            assert sorted(s.host or "" for s in states) == sorted(["", "", d2, d2])
+            cfg_args = G.Config(model="s", out=str(tmp_path / "g"), failures=str(tmp_path / "f.jsonl"),
+                                batch_states=4, group_size=2, fresh_frac=0.0, concurrency=8)
+            C.use_docker_hosts(hosts, "never")
+            rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8,
+                                   sampling=C.SamplingConfig(max_tokens=64, seed=0))
+            pool = G.init_pool(cfg_args, tmp_path / "g", tasks, C.make_tiny_tokenizer(), rcfg)
+            engine = StopsAnEngine(C.make_tiny_tokenizer(), second_engine)
+            groups, stats, _ = G.collect(1, cfg_args, pool, tasks, engine, rcfg)
+            by_host = {s.id: s.host for s in states}
+            assert C.HOSTS.counts["hosts_lost"] == 1 and C.HOSTS.live() == [None]
+            assert stats["states_lost"] == 2 and {by_host[k] for k in pool["states"]} == {None}
+            assert stats["env_errors"] == 4  # the 2 x 2 forks of the lost engine's states
+            for _, key, _, g in groups:  # the other engine's groups ran to the end
+                assert [ep.reward for ep in g] == ([1.0, 1.0] if by_host[key] is None else [])
+            for s in pool["states"].values():
+                C.remove_image(s["state"]["snapshot"])
+            for s in (s for s in states if s.host is None):  # the lost engine's are gone with it
+                C.remove_image(s.snapshot)
+        assert leftovers(None) == ([], [])
+    finally:  # bring the engine back for later tests and clear what its shutdown left behind
+        second_engine.start()
+        C.reap(None, kept=True, host=d2)
+        C.docker_client(d2).images.prune(filters={"dangling": True})
