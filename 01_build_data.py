@@ -1,7 +1,7 @@
 """Stage 01 — ReTerm-10K-style recovery demonstrations (SFT cold-start data).
 
 A row pairs a FAILED first attempt (context, no loss) with a VERIFIED recovery of the same, un-reset
-container (DESIGN §1): attempt 1 is snapshotted before the verifier runs and must fail; the recovery
+container: attempt 1 is snapshotted before the verifier runs and must fail; the recovery
 runs in a fork of that snapshot and must pass. Teachers: `oracle` replays solution/solve.sh with one
 injected fault (a dropped step, a typo'd program, a wrong path or value, an early stop), then inspects
 and redoes the steps from the faulty one (offline, no model); `policy` is a local model (--model)
@@ -31,7 +31,7 @@ from pathlib import Path
 import common as C
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Config:
     """Build verified recovery demonstrations (ReTerm-10K schema) from Harbor tasks."""
 
@@ -358,7 +358,8 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer, scaffold: C.
                   ) -> collections.Counter:
     """Student attempts (a local model on a rollout pool, or the API), and the teacher's recovery
     in a fork of each failure as soon as it fails; only verified recoveries become rows."""
-    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, seed=cfg.seed), cfg.concurrency)
+    sampling = C.SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
+    rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency)
     done = {(r["task_id"], r.get("meta", {}).get("fault")) for r in writer.rows}
     todo = [(t, k) for t in tasks for k in range(cfg.attempts) if (t.name, f"attempt{k}") not in done]
     outcomes = collections.Counter()
@@ -398,9 +399,9 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer, scaffold: C.
     api_jobs = []
     try:
         with C.RolloutPool(student, rcfg, not cfg.no_internet) as pool:
-            for i, (t, k) in enumerate(todo):  # snapshot="all" keeps nothing: a killed run's are reaped
+            for i, (t, k) in enumerate(todo):  # commit="all" keeps nothing: a killed run's are reaped
                 ep = C.first_attempt(t, student.tokenizer, rcfg, seed=cfg.seed + i)
-                pool.submit(ep, snapshot="all", tag=(k, None))
+                pool.submit(ep, commit="all", tag=(k, None))
             for (k, attempt), ep in pool.completed():
                 if attempt is not None:  # the teacher's recovery of `attempt` ended
                     C.remove_image(attempt.snapshot)

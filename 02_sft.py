@@ -1,4 +1,4 @@
-"""Stage 02 — SFT cold start on ReTerm-10K recovery demonstrations (DESIGN §1, §5, §9).
+"""Stage 02 — SFT cold start on ReTerm-10K recovery demonstrations.
 
 Each row is a failed first attempt (context) followed by the successful recovery attempt; the
 loss covers only the recovery attempt's assistant tokens, tokenised by the same function the RL
@@ -9,7 +9,7 @@ cosine, gradient accumulation, clipping, bf16 on GPU, FSDP2 under torchrun, exac
     torchrun --nproc_per_node 8 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
 
 Batching rule (automatic, --batching auto): on GPU, rows are packed best-fit into one sequence of
---micro-batch-tokens tokens when every layer can keep packed rows apart (common.packing_supported:
+--micro-batch-tokens tokens when every layer can keep packed rows apart (packing_supported:
 full attention always; Qwen3.5's linear attention only with the CUDA varlen kernels). Otherwise,
 and always on CPU (where a packed sequence is one dense block-diagonal attention, quadratic in
 the budget), rows of similar length are padded together into micro-batches of the same budget.
@@ -35,7 +35,7 @@ from tqdm import tqdm
 import common as C
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Config:
     """SFT cold start (ReTerm stage 02). Defaults are the paper-scale run (8 GPUs)."""
 
@@ -68,7 +68,7 @@ ROLES = {"system", "user", "assistant", "tool"}
 
 
 def check_row(row: object, where: str, all_assistant: bool) -> None:
-    """ReTerm-10K schema (DESIGN §1); raises ValueError naming the row."""
+    """The released ReTerm-10K row layout; raises ValueError naming the row."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     where = f"{where} (id={row.get('id')!r})"
@@ -196,6 +196,21 @@ def as_trace(t: tuple) -> C.TokenTrace:
     return C.TokenTrace(ids.tolist(), [0.0] * len(ids), mask.tolist())
 
 
+def packing_supported(model) -> bool:
+    """Whether rows packed into one sequence stay invisible to each other. Full attention: always
+    (restarting position_ids make transformers build a block-diagonal mask for sdpa/eager, or take
+    flash-attention's varlen path). Qwen3.5's linear-attention (Gated DeltaNet) layers learn row
+    boundaries only through flash-linear-attention's varlen kernel (cu_seqlens) and causal-conv1d's
+    seq_idx, both CUDA-only; their torch fallbacks silently run the recurrence and the convolution
+    across rows. So: pack unless the model has linear attention and those kernels are missing."""
+    from transformers.utils import import_utils as iu
+
+    if "linear_attention" not in (getattr(C.text_config(model), "layer_types", None) or []):
+        return True
+    kernels = iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
+    return torch.cuda.is_available() and kernels
+
+
 def best_fit(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
     """Best-fit decreasing: rows, longest first (ties in `order`), each go into the open bin whose
     free space they fill most tightly; a new bin when none fits."""
@@ -213,22 +228,12 @@ def best_fit(lengths: list[int], budget: int, order: list[int]) -> list[list[int
     return bins
 
 
-def length_buckets(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
-    """Rows sorted by length, cut into groups whose padded size (rows x longest) fits the budget."""
-    groups: list[list[int]] = [[]]
-    for i in sorted(order, key=lengths.__getitem__):
-        if groups[-1] and (len(groups[-1]) + 1) * lengths[i] > budget:
-            groups.append([])
-        groups[-1].append(i)
-    return groups
-
-
 def epoch_plan(lengths: list[int], budget: int, packed: bool, seed: int, epoch: int) -> list[list[int]]:
     """One epoch of micro-batches (lists of row indices) in a seeded random order."""
     rng = random.Random(seed * 100_003 + epoch)
     order = list(range(len(lengths)))
     rng.shuffle(order)
-    groups = (best_fit if packed else length_buckets)(lengths, budget, order)
+    groups = (best_fit if packed else C.length_buckets)(lengths, budget, order)
     rng.shuffle(groups)
     return groups
 
@@ -285,12 +290,85 @@ def flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
 # ── main ────────────────────────────────────────────────────────────────────
 
 
+def build_model(cfg: Config, device, world: int) -> tuple:
+    """The model to train (FSDP2-sharded under torchrun), whether its micro-batches are packed rows
+    (--batching; auto packs on GPU when the rows stay apart, pads on CPU where a packed row is one
+    dense masked attention over the whole budget), and its optimizer."""
+    C.check_choice("--batching", cfg.batching, ("auto", "pack", "pad"))
+    model = C.load_model(cfg.model)
+    model.config.use_cache = False
+    auto = device.type == "cuda" and packing_supported(model)
+    packed = {"pack": True, "pad": False}.get(cfg.batching, auto)
+    if packed and not packing_supported(model):
+        raise C.UserError("--batching pack: this model's linear-attention layers can't keep packed rows "
+                          "apart without the CUDA varlen kernels (flash-linear-attention, causal-conv1d)")
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    if world > 1:
+        C.shard_model(model, mixed_precision=device.type == "cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay)
+    return model, packed, optimizer
+
+
+def make_plan(cfg: Config, lengths: list[int], packed: bool, world: int) -> tuple[list[list[int]], int]:
+    """A flat list of micro-batches over epochs, and the number of steps. Step s takes world x
+    grad_accum of them and rank r every world-th, so the global batch doesn't depend on the world size."""
+    per_step = world * cfg.grad_accum
+    plan = epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, 0)
+    total = cfg.max_steps or max(1, cfg.epochs * len(plan) // per_step)
+    epoch = 0
+    while len(plan) < total * per_step:
+        epoch += 1
+        plan += epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, epoch)
+    return plan, total
+
+
+def resume(out: Path, model, optimizer, scheduler, cfg: Config, world: int) -> int:
+    """The step to start from: the checkpoint's (same world x grad_accum), with its RNG states."""
+    extra = C.load_checkpoint(out / "ckpt", model, optimizer)
+    if extra is None:
+        return 0
+    if (extra["world"], extra["grad_accum"]) != (world, cfg.grad_accum):
+        raise C.UserError(f"{out / 'ckpt'}: saved with world x grad_accum {extra['world']} x "
+                          f"{extra['grad_accum']}; resume with the same")
+    scheduler.load_state_dict(extra["scheduler"])
+    torch.set_rng_state(extra["torch_rng"])
+    random.setstate(extra["py_rng"])
+    C.log0(f"resumed from {out / 'ckpt'} at step {extra['step']}")
+    return extra["step"]
+
+
+def train_step(model, optimizer, scheduler, batches: list[dict], cfg: Config, device, world: int) -> dict:
+    """One optimizer step over this rank's micro-batches: Σ masked NLL / the step's trained tokens."""
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    n_tokens = C.all_reduce_sum(sum(b["loss_mask"].sum().item() for b in batches))
+    nll = 0.0
+    for k, b in enumerate(batches):
+        if world > 1:  # reduce-scatter gradients once per step, not per micro-batch
+            model.set_requires_gradient_sync(k == len(batches) - 1)
+        b = {key: v.to(device) if torch.is_tensor(v) else v for key, v in b.items()}
+        with autocast:
+            loss, part = sft_loss(model, b, n_tokens, world)
+        loss.backward()
+        nll += part
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": C.all_reduce_sum(nll) / n_tokens, "lr": lr, "grad_norm": grad_norm.item(),
+            "trained_tokens": n_tokens}
+
+
 def main(argv: list[str] | None = None) -> Path:
     cfg = C.parse_config(Config, argv)
     rank, world, device = C.init_distributed()
     out = Path(cfg.out)
     if cfg.micro_batch_tokens < cfg.max_len:
-        raise ValueError(f"--micro-batch-tokens {cfg.micro_batch_tokens} must be >= --max-len {cfg.max_len}")
+        raise C.UserError(f"--micro-batch-tokens {cfg.micro_batch_tokens} must be >= --max-len {cfg.max_len}")
     rows = load_rows(cfg.data, cfg.all_assistant)  # before anything is written: refused input leaves nothing
     tok = C.load_tokenizer(cfg.model)  # FileNotFoundError naming a missing model path
     if rank == 0:
@@ -299,105 +377,47 @@ def main(argv: list[str] | None = None) -> Path:
     C.barrier()
     traces, stats = tokenize_rows(cfg, rows, tok, out, rank, world)
     lengths = [len(ids) for ids, _ in traces]
-
     torch.manual_seed(cfg.seed)
-    model = C.load_model(cfg.model)
-    model.config.use_cache = False
-    packed = {"pack": True, "pad": False}.get(cfg.batching, None)
-    if packed is None:  # on CPU a packed row is one dense masked attention over the whole budget
-        packed = device.type == "cuda" and C.packing_supported(model)
-    elif packed and not C.packing_supported(model):
-        raise ValueError("--batching pack: this model's linear-attention layers can't keep packed rows apart "
-                         "without the CUDA varlen kernels (flash-linear-attention, causal-conv1d); use pad")
-    if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
-    flops_tok = flops_per_token(model, sum(lengths) / len(lengths))
-    if world > 1:
-        C.shard_model(model, mixed_precision=device.type == "cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
-                                  weight_decay=cfg.weight_decay)
-
-    # The plan: a flat list of micro-batches over epochs; step s takes world x grad_accum of them
-    # and rank r every world-th, so the global batch of a step doesn't depend on the world size.
-    per_step = world * cfg.grad_accum
-    first = epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, 0)
-    total = cfg.max_steps or max(1, cfg.epochs * len(first) // per_step)
-    plan, epoch = list(first), 0
-    while len(plan) < total * per_step:
-        epoch += 1
-        plan += epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, epoch)
+    model, packed, optimizer = build_model(cfg, device, world)
+    flops_tok, peak = flops_per_token(model, sum(lengths) / len(lengths)), peak_flops(device)
+    plan, total = make_plan(cfg, lengths, packed, world)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total))
-
-    step = 0
-    extra = C.load_checkpoint(out / "ckpt", model, optimizer)
-    if extra is not None:
-        if (extra["world"], extra["grad_accum"]) != (world, cfg.grad_accum):
-            raise ValueError(f"{out / 'ckpt'}: saved with world x grad_accum {extra['world']} x "
-                             f"{extra['grad_accum']}; resume with the same")
-        step = extra["step"]
-        scheduler.load_state_dict(extra["scheduler"])
-        torch.set_rng_state(extra["torch_rng"])
-        random.setstate(extra["py_rng"])
-        C.log0(f"resumed from {out / 'ckpt'} at step {step}")
-
-    def save() -> None:
-        C.save_checkpoint(out / "ckpt", model, optimizer, {
-            "step": step, "world": world, "grad_accum": cfg.grad_accum, "scheduler": scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()})
-
+    step = start = resume(out, model, optimizer, scheduler, cfg, world)
+    per_step, first = world * cfg.grad_accum, epoch_plan(lengths, cfg.micro_batch_tokens, packed, cfg.seed, 0)
     C.log0(f"{stats['rows']} rows -> {len(traces)} trained ({stats['truncated']} truncated from the left, "
            f"{stats['dropped']} dropped: trained span > {cfg.max_len}); "
            f"{'packed best-fit' if packed else 'length-bucketed padding'} into "
-           f"{cfg.micro_batch_tokens}-token "
-           f"micro-batches, padding {padding_share(first, lengths, cfg.micro_batch_tokens, packed):.1%}; "
+           f"{cfg.micro_batch_tokens}-token micro-batches, padding "
+           f"{padding_share(first, lengths, cfg.micro_batch_tokens, packed):.1%}; "
            f"{total} steps x {per_step} micro-batches on {world} x {device.type}")
-    peak = peak_flops(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     model.train()
-    start = step
     bar = tqdm(total=total, initial=step, disable=rank != 0, desc="sft", file=sys.stdout)
     while step < total:
         t0 = time.perf_counter()
         groups = plan[step * per_step + rank:(step + 1) * per_step:world]
         batches = [C.collate([as_trace(traces[i]) for i in g], tok.pad_token_id, packed,
                              width=cfg.micro_batch_tokens if packed else None) for g in groups]
-        n_tokens = C.all_reduce_sum(sum(b["loss_mask"].sum().item() for b in batches))
-        nll = 0.0
-        for k, b in enumerate(batches):
-            if world > 1:  # reduce-scatter gradients once per step, not per micro-batch
-                model.set_requires_gradient_sync(k == len(batches) - 1)
-            b = {key: v.to(device) if torch.is_tensor(v) else v for key, v in b.items()}
-            with autocast:
-                loss, part = sft_loss(model, b, n_tokens, world)
-            loss.backward()
-            nll += part
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        row = {"step": step + 1} | train_step(model, optimizer, scheduler, batches, cfg, device, world)
         step += 1
-
         seen = C.all_reduce_sum(sum(lengths[i] for g in groups for i in g))  # real (non-pad) tokens
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        row = {"step": step, "loss": C.all_reduce_sum(nll) / n_tokens, "lr": lr,
-               "grad_norm": grad_norm.item(),
-               "tokens": seen, "trained_tokens": n_tokens, "tokens_per_s": seen / dt, "seconds": dt,
-               "mfu": flops_tok * seen / dt / (peak * world) if peak else None,
-               "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+        row |= {"tokens": seen, "tokens_per_s": seen / dt, "seconds": dt,
+                "mfu": flops_tok * seen / dt / (peak * world) if peak else None,
+                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
         if rank == 0:
             C.append_jsonl(out / "metrics.jsonl", row)
             mfu = f" | mfu {row['mfu']:.1%}" if peak else ""
-            bar.write(f"step {step}/{total} | loss {row['loss']:.4f} | lr {lr:.2e} | grad-norm "
+            bar.write(f"step {step}/{total} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | grad-norm "
                       f"{row['grad_norm']:.3f} | tok/s {row['tokens_per_s']:,.0f}{mfu}")
             bar.update(1)
         stop = cfg.stop_after and step - start >= cfg.stop_after and step < total
         if (cfg.save_every and step % cfg.save_every == 0) or step == total or stop:
-            save()
+            state = {"scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                     "py_rng": random.getstate()}
+            C.save_checkpoint(out / "ckpt", model, optimizer,
+                              {"step": step, "world": world, "grad_accum": cfg.grad_accum, **state})
         if stop:
             C.log0(f"stopping after {cfg.stop_after} steps; rerun with the same --out to resume")
             C.teardown_distributed()

@@ -22,7 +22,7 @@ from pathlib import Path
 import common as C
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Config:
     """Run the policy on training tasks and keep every failed attempt as a forkable snapshot."""
 
@@ -119,8 +119,8 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
         f.write(C.RUN_ID + "\n")
     scaffold = C.load_scaffold(cfg.model, max_turns=cfg.max_turns, max_context=cfg.max_context,
                                max_tokens=cfg.max_tokens, command_timeout=cfg.command_timeout)
-    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, cfg.top_p, seed=cfg.seed),
-                            cfg.concurrency, cfg.timeout_multiplier)
+    sampling = C.SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
+    rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
     if todo and engine is None:
         engine = C.make_engine(cfg.engine, cfg.model,
                                **({"max_model_len": scaffold.max_context} if cfg.engine == "vllm" else {}))
@@ -132,7 +132,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     with C.env_session(), C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
         for task, k, j in todo:  # attempt j of tasks x attempts samples with seed + j, resumed or not
             ep = C.first_attempt(task, engine.tokenizer, rcfg, seed=cfg.seed + j)
-            pool.submit(ep, snapshot="failed", tag=k)
+            pool.submit(ep, commit="failed", tag=k)
         for k, ep in pool.completed():
             rid = None
             if ep.reward < 1.0 and ep.snapshot:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import random
@@ -41,7 +42,7 @@ import torch
 import common as C
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Config:
     """ReTerm-GRPO: fork G recovery attempts from each failure state and learn from the group."""
 
@@ -90,7 +91,7 @@ class Config:
     seed: int = 0  # sampling / pool seed
 
 
-# ── the GRPO math (DESIGN §8) ─────────────────────────────────────────────────────────────────────
+# ── the GRPO math ─────────────────────────────────────────────────────────────────────
 
 
 def group_advantages(rewards, use_std: bool = True) -> torch.Tensor:
@@ -103,9 +104,9 @@ def group_advantages(rewards, use_std: bool = True) -> torch.Tensor:
     return a / (r.std(-1, unbiased=True, keepdim=True) + 1e-6)
 
 
-def drop_uniform_groups(groups: list[list]) -> tuple[list[list], int]:
+def drop_uniform_groups(groups: list[Group]) -> tuple[list[Group], int]:
     """Keep groups whose rewards differ; all-equal groups carry no gradient. Returns (kept, dropped)."""
-    kept = [g for g in groups if len({ep.reward for ep in g}) > 1]
+    kept = [g for g in groups if len(set(g.rewards)) > 1]
     return kept, len(groups) - len(kept)
 
 
@@ -121,22 +122,43 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28,
-                        weights: torch.Tensor | None = None) -> torch.Tensor:
-    """ℓ_t = -min(ρ_t A, clip(ρ_t, 1-eps_low, 1+eps_high) A), ρ_t = exp(logp - old_logp), each
-    token optionally scaled by `weights` (the truncated IS weight); loss = Σ mask·ℓ / Σ mask over
-    the whole batch (token-level, DAPO: long attempts weigh by their tokens). [B,T],[B,T],[B],[B,T]."""
+def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                       eps_low: float = 0.2, eps_high: float = 0.28, weights: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """ℓ_t = -min(ρ_t A, clip(ρ_t, 1-eps_low, 1+eps_high) A), ρ_t = exp(logp - old_logp), each token
+    optionally scaled by `weights` (the truncated IS weight). [B,T], [B,T], [B] -> [B,T]."""
     ratio = torch.exp(logp - old_logp)
     adv = advantages[:, None].to(ratio.dtype)
     per_tok = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
-    if weights is not None:
-        per_tok = per_tok * weights
+    return per_tok if weights is None else per_tok * weights
+
+
+def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28,
+                        weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ mask·ℓ / Σ mask over the whole batch (token-level, DAPO: long attempts weigh by their
+    tokens). [B,T], [B,T], [B], [B,T] -> scalar."""
     m = mask.bool()
+    per_tok = clipped_token_loss(logp, old_logp, advantages, eps_low, eps_high, weights)
     return torch.where(m, per_tok, 0.0).sum() / m.sum().clamp(min=1)
 
 
 # ── the failure-state pool ────────────────────────────────────────────────────────────────────────
+
+
+@dataclasses.dataclass
+class Group:
+    """G attempts that share a start: forks of one failure state, or fresh starts of one task."""
+
+    kind: str  # "fork" | "fresh"
+    key: str  # the failure state's id (fork) or the task's name (fresh)
+    category: str  # the state's error category ("fresh" for fresh starts)
+    episodes: list[C.Episode]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [ep.reward for ep in self.episodes]
+
 
 def load_failures(path: str | Path) -> list[C.FailureState]:
     names = {f.name for f in dataclasses.fields(C.FailureState)}  # stage 03's extra keys are ignored
@@ -147,41 +169,70 @@ def weight(hist: list[float], floor: float) -> float:
     return max(floor, 1.0 - (hist[-1] if hist else 0.0))
 
 
-def sample_by_mastery(keys: list[str], hist: dict, k: int, floor: float, rng: random.Random) -> list[str]:
-    """k keys without replacement, P ∝ max(floor, 1 - latest success rate) (Efraimidis-Spirakis)."""
-    scored = sorted(keys, key=lambda s: rng.random() ** (1.0 / weight(hist.get(s, []), floor)), reverse=True)
-    return scored[:k]
+class Pool:
+    """The failure states GRPO forks from, and the success history that weights their draws.
+    weight(s) = max(floor, 1 - latest success rate of a group from s) (unseen: 1). The pool owns
+    one image tag per state and removes it when the state leaves."""
 
+    def __init__(self, floor: float, states: dict | None = None, hist: dict | None = None,
+                 skipped_long: int = 0, **_: object):
+        self.floor, self.skipped_long = floor, skipped_long
+        self.states: dict[str, dict] = states or {}  # id -> {"state": FailureState fields, "added": step}
+        self.hist: dict[str, list[float]] = hist or {}  # state id or task name -> group success rates
 
-def pool_add(pool: dict, state: C.FailureState, image: str, step: int) -> None:
-    pool["states"][state.id] = {"state": dataclasses.asdict(state) | {"snapshot": image}, "added": step}
-    C.HOSTS.note(image, state.host)
+    def to_dict(self) -> dict:  # what checkpoints keep
+        return {"states": self.states, "hist": self.hist, "skipped_long": self.skipped_long}
 
+    def __len__(self) -> int:
+        return len(self.states)
 
-def pool_drop_lost(pool: dict) -> int:
-    """States whose snapshot went with a lost Docker engine leave the pool; a copy elsewhere keeps one."""
-    lost = 0
-    for sid, s in list(pool["states"].items()):
-        homes = C.HOSTS.homes(s["state"]["snapshot"])
-        if not homes:
-            del pool["states"][sid]
-            lost += 1
-        elif s["state"].get("host") not in homes:
-            s["state"]["host"] = homes[0]
-    return lost
+    def state(self, sid: str) -> C.FailureState:
+        return C.FailureState(**self.states[sid]["state"])
 
+    def images(self) -> list[tuple[str, str | None]]:
+        return sorted((s["state"]["snapshot"], s["state"].get("host")) for s in self.states.values())
 
-def pool_prune(pool: dict, cfg: Config) -> list[str]:
-    """Retire mastered states and trim to --pool-max; their images are removed. Returns the ids."""
-    hist, states = pool["hist"], pool["states"]
-    gone = [s for s in states if len(hist.get(s, [])) >= cfg.retire_after
-            and all(h == 1.0 for h in hist[s][-cfg.retire_after:])]
-    rest = sorted((s for s in states if s not in gone),
-                  key=lambda s: (weight(hist.get(s, []), cfg.floor), states[s]["added"]))
-    gone += rest[: max(0, len(rest) - cfg.pool_max)]
-    for s in gone:
-        C.remove_image(states.pop(s)["state"]["snapshot"])
-    return gone
+    def add(self, state: C.FailureState, image: str, step: int) -> None:
+        self.states[state.id] = {"state": dataclasses.asdict(state) | {"snapshot": image}, "added": step}
+        C.HOSTS.note(image, state.host)
+
+    def sample(self, keys: list[str], k: int, rng: random.Random) -> list[str]:
+        """k keys without replacement, P ∝ weight (Efraimidis-Spirakis keys); tasks are drawn the same way."""
+        return sorted(keys, key=lambda s: rng.random() ** (1.0 / weight(self.hist.get(s, []), self.floor)),
+                      reverse=True)[:k]
+
+    def record(self, group: Group) -> None:
+        if group.episodes:
+            wins = sum(r >= 1.0 for r in group.rewards)
+            self.hist.setdefault(group.key, []).append(wins / len(group.episodes))
+
+    def remove(self, sid: str) -> None:
+        C.remove_image(self.states.pop(sid)["state"]["snapshot"])
+
+    def prune(self, retire_after: int, pool_max: int) -> list[str]:
+        """Retire mastered states (their last `retire_after` groups all succeeded) and trim to
+        `pool_max` (lowest weight, oldest first). Returns the ids that left."""
+        hist = self.hist
+        gone = [s for s in self.states if len(hist.get(s, [])) >= retire_after
+                and all(h == 1.0 for h in hist[s][-retire_after:])]
+        rest = sorted((s for s in self.states if s not in gone),
+                      key=lambda s: (weight(hist.get(s, []), self.floor), self.states[s]["added"]))
+        gone += rest[: max(0, len(rest) - pool_max)]
+        for s in gone:
+            self.remove(s)
+        return gone
+
+    def drop_lost(self) -> int:
+        """States whose snapshot went with a lost Docker engine leave; a copy elsewhere keeps one."""
+        lost = 0
+        for sid, s in list(self.states.items()):
+            homes = C.HOSTS.homes(s["state"]["snapshot"])
+            if not homes:
+                del self.states[sid]
+                lost += 1
+            elif s["state"].get("host") not in homes:
+                s["state"]["host"] = homes[0]
+        return lost
 
 
 def fits(state: C.FailureState, tasks: dict, tok, rcfg: C.RolloutConfig, min_tokens: int) -> bool:
@@ -191,146 +242,160 @@ def fits(state: C.FailureState, tasks: dict, tok, rcfg: C.RolloutConfig, min_tok
     return rcfg.max_context - prefix >= (min_tokens or 2 * rcfg.sampling.max_tokens)
 
 
-def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -> dict:
-    pool = {"states": {}, "hist": {}, "retired": 0, "skipped_long": 0}
-    if cfg.mode == "fork" and cfg.failures:
-        repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
-        for s in load_failures(cfg.failures):
-            if s.task not in tasks or s.id in pool["states"]:
-                continue
-            try:  # a tag of the pool's own: dropping it later never touches the original image
-                if s.host not in C.HOSTS.live():
-                    raise C.EnvError(f"its engine {s.host} is not among --docker-hosts")
-                image = C.docker_client(s.host).images.get(s.snapshot)
-            except Exception as e:
-                C.log0(f"  skip state: snapshot {s.snapshot} unusable ({type(e).__name__}: {e})")
-                continue
+def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -> Pool:
+    """Stage 03's failure states, each re-tagged as the pool's own image (dropping the tag later
+    never touches the original); states of other tasks, gone images, lost engines and prefixes
+    that fill the context are skipped."""
+    pool = Pool(cfg.floor)
+    if cfg.mode != "fork" or not cfg.failures:
+        return pool
+    repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
+    for s in load_failures(cfg.failures):
+        if s.task not in tasks or s.id in pool.states:
+            continue
+        try:
             if not fits(s, tasks, tok, rcfg, cfg.min_recovery_tokens):
-                pool["skipped_long"] += 1
+                pool.skipped_long += 1
                 continue
-            image.tag(repo, s.id)
-            pool_add(pool, s, f"{repo}:{s.id}", 0)
-        if pool["skipped_long"]:
-            C.log0(f"skipped {pool['skipped_long']} failure states whose prefix leaves less than the minimum "
-                   f"recovery budget of the {rcfg.max_context}-token context")
+            if s.host not in C.HOSTS.live():
+                raise C.EnvError(f"its engine {s.host} is not among --docker-hosts")
+            image = C.docker_client(s.host).images.get(s.snapshot)
+        except Exception as e:  # no assistant turn to recover from, image gone, engine not listed
+            C.log0(f"  skip state {s.id}: unusable ({type(e).__name__}: {e})")
+            continue
+        image.tag(repo, s.id)
+        pool.add(s, f"{repo}:{s.id}", 0)
+    if pool.skipped_long:
+        C.log0(f"skipped {pool.skipped_long} failure states whose prefix leaves less than the minimum "
+               f"recovery budget of the {rcfg.max_context}-token context")
     return pool
 
 
-def _write_live(out: Path, pool: dict) -> None:
+def _write_live(out: Path, pool: Pool) -> None:
     """Every image the pool owns now: on resume, those of steps after the checkpoint are removed."""
-    images = sorted([s["state"]["snapshot"], s["state"].get("host")] for s in pool["states"].values())
-    (out / "pool_live.json").write_text(json.dumps(images))
+    (out / "pool_live.json").write_text(json.dumps([list(x) for x in pool.images()]))
 
 
-def _gc_orphans(out: Path, pool: dict) -> None:
+def _gc_orphans(out: Path, pool: Pool) -> None:
     """On (re)start: remove images no state owns; drop states whose image is gone (a finished
     run removes them unless --keep-pool)."""
     live = out / "pool_live.json"
-    owned = {s["state"]["snapshot"] for s in pool["states"].values()}
+    owned = {image for image, _ in pool.images()}
     if live.exists():
         for image, host in ((x, None) if isinstance(x, str) else x for x in json.loads(live.read_text())):
             if image not in owned:
                 C.remove_image(image, host)
-    for sid, s in list(pool["states"].items()):
+    for sid, s in list(pool.states.items()):
+        image, host = s["state"]["snapshot"], s["state"].get("host")
         try:  # an engine that is not among this run's hosts cannot fork it either
-            if s["state"].get("host") not in C.HOSTS.live():
+            if host not in C.HOSTS.live():
                 raise C.EnvError("its engine is not among --docker-hosts")
-            C.docker_client(s["state"].get("host")).images.get(s["state"]["snapshot"])
-            C.HOSTS.note(s["state"]["snapshot"], s["state"].get("host"))
+            C.docker_client(host).images.get(image)
+            C.HOSTS.note(image, host)
         except Exception:
-            del pool["states"][sid]
+            del pool.states[sid]
     _write_live(out, pool)
 
 
 # ── rollouts ──────────────────────────────────────────────────────────────────────────────────────
 
 
-def collect(step: int, cfg: Config, pool: dict, tasks: dict, engine, rcfg: C.RolloutConfig):
-    """One step's groups: [(kind, key, category, episodes)], rollout stats, failure states added."""
+def collect(step: int, cfg: Config, pool: Pool, tasks: dict, engine, rcfg: C.RolloutConfig
+            ) -> tuple[list[Group], dict, int]:
+    """One step's groups (forks of B states, or fresh starts), rollout stats, failure states added.
+    Forks and fresh attempts share one pool of container slots: no group waits for another."""
     rng = random.Random(f"{cfg.seed}-{step}")
     n_fresh = cfg.batch_states if cfg.mode == "standard" else round(cfg.batch_states * cfg.fresh_frac)
-    picked = sample_by_mastery(sorted(pool["states"]), pool["hist"], cfg.batch_states - n_fresh,
-                               cfg.floor, rng)
+    picked = pool.sample(sorted(pool.states), cfg.batch_states - n_fresh, rng)
     n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
-    fresh = sample_by_mastery(sorted(tasks), pool["hist"], n_fresh, cfg.floor, rng)
+    fresh = pool.sample(sorted(tasks), n_fresh, rng)
     fresh = [fresh[i % len(fresh)] for i in range(n_fresh)] if fresh else []
-    # Forks and fresh attempts share one pool of container slots: no group waits for another.
-    tok, snap = engine.tokenizer, "failed" if cfg.mode == "fork" else "none"
-    states = [C.FailureState(**pool["states"][k]["state"]) for k in picked]
-    jobs = [(("fork", s.id, s.category), C.recovery_attempt(tasks[s.task], s, tok, rcfg), s.snapshot)
-            for s in states for _ in range(cfg.group_size)]
-    jobs += [(("fresh", t, "fresh", i), C.first_attempt(tasks[t], tok, rcfg), None)
-             for i, t in enumerate(fresh) for _ in range(cfg.group_size)]
+    tok, commit = engine.tokenizer, "failed" if cfg.mode == "fork" else "none"
+    groups = [Group("fork", s.id, s.category, [C.recovery_attempt(tasks[s.task], s, tok, rcfg)
+                                               for _ in range(cfg.group_size)])
+              for s in map(pool.state, picked)]
+    groups += [Group("fresh", t, "fresh", [C.first_attempt(tasks[t], tok, rcfg)
+                                           for _ in range(cfg.group_size)]) for t in fresh]
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
-        for _, ep, image in jobs:
-            rollouts.submit(ep, image, snapshot="none" if image else snap)
+        for g in groups:
+            image = pool.states[g.key]["state"]["snapshot"] if g.kind == "fork" else None
+            for ep in g.episodes:
+                rollouts.submit(ep, image, commit="none" if image else commit)
         for _ in rollouts.completed():
             pass
-    by_tag = collections.defaultdict(list)  # groups in submission order: the step is reproducible
-    for tag, ep, _ in jobs:
-        by_tag[tag].append(ep)
-    stats, added, errors, groups = rollouts.stats(), 0, 0, []
-    for (kind, key, cat, *_), g in by_tag.items():
-        errors += sum(ep.error is not None for ep in g)  # an environment failure says nothing of the policy
-        groups.append((kind, key, cat, [ep for ep in g if ep.error is None]))
-        for ep in (ep for ep in g if kind == "fresh" and ep.snapshot):
+    stats, added = rollouts.stats(), 0
+    stats["env_errors"] = sum(ep.error is not None for g in groups for ep in g.episodes)
+    for g in groups:
+        g.episodes = [ep for ep in g.episodes if ep.error is None]  # an environment failure says nothing
+        for ep in (ep for ep in g.episodes if g.kind == "fresh" and ep.snapshot):
             state = C.FailureState.from_episode(ep, f"step{step}")
-            if state.id in pool["states"]:  # the very same failed attempt: one image is enough
+            if state.id in pool.states:  # the very same failed attempt: one image is enough
                 C.remove_image(ep.snapshot)
             elif not fits(state, tasks, tok, rcfg, cfg.min_recovery_tokens):
                 C.remove_image(ep.snapshot)
-                pool["skipped_long"] = pool.get("skipped_long", 0) + 1
+                pool.skipped_long += 1
             else:  # a new failure of the current policy
-                pool_add(pool, state, ep.snapshot, step)
+                pool.add(state, ep.snapshot, step)
                 added += 1
-    stats["env_errors"] = errors
-    stats["states_lost"] = pool_drop_lost(pool)
+        pool.record(g)
+    stats["states_lost"] = pool.drop_lost()
     stats |= {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost") if C.HOSTS.counts[k]}
-    for _, key, _, g in (x for x in groups if x[3]):
-        pool["hist"].setdefault(key, []).append(sum(ep.reward >= 1.0 for ep in g) / len(g))
     return groups, dict(stats), added
 
 
-def group_rows(groups: list, use_std: bool) -> list[dict]:
-    rows = []
-    for _, _, _, g in groups:
-        adv = group_advantages([ep.reward for ep in g], use_std)
-        rows += [{"trace": ep.trace, "adv": a.item()} for ep, a in zip(g, adv, strict=True)]
-    return rows
+@dataclasses.dataclass
+class Row:
+    """One attempt to train on: its token trace and its group advantage."""
+
+    trace: C.TokenTrace
+    adv: float
 
 
-def step_metrics(groups: list, dropped: int, pool: dict) -> dict:
-    eps = [ep for _, _, _, g in groups for ep in g]
+def group_rows(groups: list[Group], use_std: bool) -> list[Row]:
+    return [Row(ep.trace, a.item()) for g in groups
+            for ep, a in zip(g.episodes, group_advantages(g.rewards, use_std), strict=True)]
+
+
+def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
     by = collections.defaultdict(list)
-    for kind, _, cat, g in groups:
-        if kind == "fork":
-            by[cat] += [ep.reward for ep in g]
-    fork = [x for v in by.values() for x in v]
-    fresh = [ep.reward >= 1.0 for kind, _, _, g in groups if kind == "fresh" for ep in g]
-    return {"reward": sum(ep.reward for ep in eps) / max(1, len(eps)),
-            "recovery": C.recovery_rate(fork),  # Recovery@1 exactly as stage 05 reports it
+    for g in (g for g in groups if g.kind == "fork"):
+        by[g.category] += g.rewards
+    rewards = [r for g in groups for r in g.rewards]
+    fresh = [r >= 1.0 for g in groups if g.kind == "fresh" for r in g.rewards]
+    return {"reward": sum(rewards) / max(1, len(rewards)),
+            "recovery": C.recovery_rate([r for v in by.values() for r in v]),  # Recovery@1 as stage 05
             "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
             "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
-            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool["states"]),
-            "pool_skipped_long": pool.get("skipped_long", 0)}
+            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool),
+            "pool_skipped_long": pool.skipped_long}
 
 
 # ── training ──────────────────────────────────────────────────────────────────────────────────────
 
 
-def micro_batches(rows: list[dict], micro_tokens: int, world: int) -> list[list[dict]]:
-    """Rows sorted by length, cut into micro-batches of ≤ micro_tokens padded tokens, padded with
-    empty (mask 0) batches to a multiple of the world size so every rank runs the same count."""
-    out, cur = [], []
-    for r in sorted(rows, key=lambda r: len(r["trace"])):
-        if cur and len(r["trace"]) * (len(cur) + 1) > micro_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(r)
-    out += [cur] if cur else []
+def micro_batches(rows: list[Row], micro_tokens: int, world: int) -> list[list[Row]]:
+    """Rows in length buckets of ≤ micro_tokens padded tokens. FSDP's backward is a collective, so
+    every rank must run as many micro-batches as the others: the list is topped up to a multiple
+    of the world size with 8-token rows that train nothing (mask 0)."""
+    out = [[rows[i] for i in b] for b in C.length_buckets([len(r.trace) for r in rows], micro_tokens)]
     while len(out) % world:
-        t = out[0][0]["trace"]
-        out.append([{"trace": C.TokenTrace(t.ids[:8], t.logprobs[:8], [0] * len(t.ids[:8])), "adv": 0.0}])
+        t = out[0][0].trace
+        out.append([Row(C.TokenTrace(t.ids[:8], t.logprobs[:8], [0] * len(t.ids[:8])), 0.0)])
+    return out
+
+
+def rank_batches(rows: list[Row], cfg: Config, pad_id: int, rank: int, world: int) -> list[list[dict]]:
+    """cfg.updates minibatches (a seeded split of `rows`), each as this rank's share of its
+    micro-batches; every batch carries "adv" and "n_tok", the minibatch's trained tokens (all ranks)."""
+    order = list(range(len(rows)))
+    random.Random(len(rows)).shuffle(order)
+    minis = [m for m in ([rows[i] for i in order[k::cfg.updates]] for k in range(cfg.updates)) if m]
+    out = []
+    for mini in minis:
+        n_tok = sum(sum(r.trace.mask) for r in mini)
+        out.append([C.collate([r.trace for r in mb], pad_id) | {"adv": torch.tensor([r.adv for r in mb]),
+                                                                "n_tok": n_tok}
+                    for mb in micro_batches(mini, cfg.micro_tokens, world)[rank::world]])
     return out
 
 
@@ -338,175 +403,183 @@ def _to(b: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
 
 
-def train_on_batch(model, optimizer, rows: list[dict], cfg: Config, device, pad_id: int,
+def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
+    """Per-token diagnostics, summed over trained tokens (divided by their count after all ranks)."""
+    ratio = torch.exp(logp - old)
+    adv = b["adv"][:, None].expand_as(ratio)
+    clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
+    per_tok = {"clip_frac": clipped, "approx_kl": k3_kl(logp, old), "nll": -old,
+               "mismatch_kl": k3_kl(b["engine_logp"], old), "is_weight": ratio if w is None else w}
+    return {k: torch.where(mask, v.float(), 0.0).sum().item() for k, v in per_tok.items()}
+
+
+def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_id: int,
                    ref_model=None, rank: int = 0, world: int = 1) -> dict:
-    """cfg.updates optimizer steps over `rows` ({"trace": TokenTrace, "adv": float}); every rank
-    passes the same rows. π_old = this model's logprobs before the first update."""
-    order = list(range(len(rows)))
-    random.Random(len(rows)).shuffle(order)
-    minis = [[rows[i] for i in order[k::cfg.updates]] for k in range(cfg.updates)]
-    minis = [micro_batches(m, cfg.micro_tokens, world) for m in minis if m]
-    batches = [[C.collate([r["trace"] for r in mb], pad_id) | {"adv": torch.tensor([r["adv"] for r in mb])}
-                for i, mb in enumerate(m) if i % world == rank] for m in minis]
+    """cfg.updates optimizer steps over `rows` (every rank passes the same rows and trains its share).
+    π_old is this model before the first update. With --updates 1 (the default, on-policy GRPO)
+    π_θ = π_old, so the ratio is exactly 1 and clipping never acts; later minibatches of
+    --updates > 1 are off-policy, and the clip bounds how far they move the policy."""
+    minibatches = rank_batches(rows, cfg, pad_id, rank, world)
     with torch.no_grad():
-        for b in (b for m in batches for b in m):
-            if cfg.updates > 1:  # later minibatches are off-policy: keep π_old from before any update
+        for b in (b for m in minibatches for b in m):
+            if cfg.updates > 1:
                 b["old"] = C.token_logprobs(model, _to(b, device)).cpu()
             if ref_model is not None:
                 b["ref"] = C.token_logprobs(ref_model, _to(b, device)).cpu()
     acc = collections.Counter()
-    for m, mb_rows in zip(batches, minis, strict=True):
-        n_tok = sum(sum(r["trace"].mask) for mb in mb_rows for r in mb)
-        for b in m:
-            b = _to(b, device)
+    for minibatch in minibatches:
+        for b in map(functools.partial(_to, device=device), minibatch):
             mask = b["loss_mask"].bool()
             logp = C.token_logprobs(model, b)
             old = b["old"] if "old" in b else logp.detach()
-            w = truncated_is_weight(old, b["logprobs"], cfg.is_cap) if cfg.is_cap > 0 else None
-            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w)
+            w = truncated_is_weight(old, b["engine_logp"], cfg.is_cap) if cfg.is_cap > 0 else None
+            per_tok = clipped_token_loss(logp, old, b["adv"], cfg.eps_low, cfg.eps_high, w)
             if ref_model is not None:
-                kl = torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / mask.sum().clamp(min=1)
-                loss = loss + cfg.kl_beta * kl
-            n = mask.sum().item()
-            # Σ_batch mask·ℓ / Σ_batch mask over all micro-batches; × world because FSDP averages ranks
-            (loss * n / max(n_tok, 1) * world).backward()
+                per_tok = per_tok + cfg.kl_beta * k3_kl(logp, b["ref"])
+            loss = torch.where(mask, per_tok, 0.0).sum()
+            # one division by the minibatch's trained tokens (all ranks); × world because FSDP
+            # averages gradients over ranks: N ranks then equal one process on the same rows
+            (loss / max(b["n_tok"], 1) * world).backward()
             with torch.no_grad():
-                ratio = torch.exp(logp - old)
-                adv = b["adv"][:, None].expand_as(ratio)
-                clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
-                stats = {"clip_frac": clipped, "approx_kl": k3_kl(logp, old), "entropy": -old,
-                         "mismatch_kl": k3_kl(b["logprobs"], old), "is_weight": ratio if w is None else w}
-                for k, v in stats.items():
-                    acc[k] += torch.where(mask, v.float(), 0.0).sum().item()
-                acc["loss"] += loss.item() * n
-                acc["tokens"] += n
+                acc.update(fit_stats(logp, old, b, w, mask, cfg), loss=loss.item(), tokens=mask.sum().item())
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-        acc["grad_norm"] += float(gnorm) / len(batches)
-    keys = ("loss", "clip_frac", "approx_kl", "entropy", "mismatch_kl", "is_weight")
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # a DTensor under FSDP
+        acc["grad_norm"] += float(gnorm) / len(minibatches)
+    keys = ("loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "is_weight")
     tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
     n = max(tot["tokens"], 1)
     return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
 
 
-def push_weights(model, engine) -> None:
-    """Gather the full state dict (a collective: every rank calls) and load it into rank 0's engine."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if engine is not None:
-        engine.update_weights(sd.items())
-
-
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────
 
 
-def main(argv: list[str] | None = None) -> Path:
-    cfg = C.parse_config(Config, argv)
-    if cfg.mode not in ("fork", "standard"):
-        raise SystemExit(f"--mode {cfg.mode!r}: choose fork or standard")
-    if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
-        raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
-    rank, world, device = C.init_distributed()
-    out = Path(cfg.out)
-    if rank == 0:
-        C.dump_config(cfg, out)
-    torch.manual_seed(cfg.seed)
-    tok = C.load_tokenizer(cfg.model)
-    model = C.load_model(cfg.model).to(device)
+def load_policy(cfg: Config, device, world: int):
+    """The policy (FSDP2-sharded under torchrun), its optimizer, the frozen reference for --kl-beta
+    (or None) and the tokenizer."""
     gpu = device.type == "cuda"
+    model = C.load_model(cfg.model).to(device)
     if world > 1:
         C.shard_model(model, mixed_precision=gpu)
     ref = C.load_model(cfg.model).to(device).eval().requires_grad_(False) if cfg.kl_beta > 0 else None
     if ref is not None and world > 1:
         C.shard_model(ref, mixed_precision=gpu)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
-    extra = C.load_checkpoint(out / "ckpt", model, opt)
-    start, env_total = (extra["step"], extra["env_steps"]) if extra else (0, 0)
-    engine = pool = None
-    tasks = {t.name: t for t in C.load_tasks(cfg.tasks, None, cfg.sample, cfg.sample_skip, cfg.split_seed)}
+    return model, opt, ref, C.load_tokenizer(cfg.model)
+
+
+def rollout_settings(cfg: Config) -> tuple[C.Scaffold, C.RolloutConfig]:
+    """The model's scaffold (flags override it) and the rollout settings built from it."""
     scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
                                max_context=cfg.max_context, command_timeout=cfg.command_timeout)
-    # the engine is seeded; sampling.max_tokens comes from the scaffold
-    rcfg = C.rollout_config(scaffold, C.SamplingConfig(cfg.temperature, 1.0), cfg.concurrency,
-                            cfg.timeout_multiplier)
+    sampling = C.SamplingConfig(temperature=cfg.temperature)  # unseeded requests: the engine is seeded
+    return scaffold, C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
+
+
+def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, world: int, gpu: bool):
+    """Rank 0 only (the one rank that talks to Docker engines): the pool (resumed or from stage
+    03) and the engine."""
+    C.use_docker_hosts(cfg.docker_hosts)
+    pool = Pool(cfg.floor, **extra["pool"]) if extra else init_pool(cfg, out, tasks, tok, rcfg)
+    _gc_orphans(out, pool)
+    if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
+        raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
+                          "tasks, or their snapshot images are gone); collect some with stage 03, or "
+                          "drop --failures and pass --fresh-frac > 0 to find failures on the way")
+    C.log0(f"{cfg.mode}: pool {len(pool)} states, {len(tasks)} tasks, B={cfg.batch_states} "
+           f"G={cfg.group_size}, " + (f"resumed after step {extra['step']}" if extra else "from scratch"))
+    kw = {"max_model_len": rcfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
+          cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
+          "in_process": world == 1} if cfg.engine == "vllm" else {}
+    return pool, C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
+
+
+def rollout_step(step: int, cfg: Config, pool: Pool, tasks: dict, engine, rcfg) -> tuple[list[Row], dict]:
+    """Steps 1-2 on rank 0: the groups' rollouts, then the rows to train on (uniform groups carry
+    no signal and are dropped) and the step's metrics so far."""
+    groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg)
+    kept, dropped = drop_uniform_groups(groups)
+    return group_rows(kept, cfg.adv_std), step_metrics(groups, dropped, pool) | {"added": added, **stats}
+
+
+def log_step(row: dict, trained: bool) -> None:
+    rec = "-" if row["recovery"] is None else f"{row['recovery']:.3f}"
+    fit = (f"clip {row['clip_frac']:.3f} | kl {row['approx_kl']:.2e} | nll {row['nll']:.2f}"
+           if trained else "no update (every group uniform)")
+    C.log0(f"step {row['step']:4d} | reward {row['reward']:.3f} | recovery {rec} | dropped "
+           f"{row['groups_dropped']}/{row['groups']} | {fit} | {row['tokens_per_s']:.0f} tok/s | "
+           f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']}")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    cfg = C.parse_config(Config, argv)
+    C.check_choice("--mode", cfg.mode, ("fork", "standard"))
+    if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
+        raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
+    rank, world, device = C.init_distributed()
+    out, gpu = Path(cfg.out), device.type == "cuda"
+    if rank == 0:
+        C.dump_config(cfg, out)
+    torch.manual_seed(cfg.seed)
+    model, opt, ref, tok = load_policy(cfg, device, world)
+    extra = C.load_checkpoint(out / "ckpt", model, opt)
+    start, env_total = (extra["step"], extra["env_steps"]) if extra else (0, 0)
+    tasks = {t.name: t for t in C.load_tasks(cfg.tasks, None, cfg.sample, cfg.sample_skip, cfg.split_seed)}
+    scaffold, rcfg = rollout_settings(cfg)
     with C.env_session():
-        if rank == 0:  # the only rank that talks to Docker engines
-            C.use_docker_hosts(cfg.docker_hosts)
-            pool = extra["pool"] if extra else init_pool(cfg, out, tasks, tok, rcfg)
-            _gc_orphans(out, pool)
-            if cfg.mode == "fork" and cfg.failures and not extra and not pool["states"]:
-                raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
-                                  "tasks, or their snapshot images are gone); collect some with stage 03, or "
-                                  "drop --failures and pass --fresh-frac > 0 to find failures on the way")
-            C.log0(f"{cfg.mode}: pool {len(pool['states'])} states, {len(tasks)} tasks, B={cfg.batch_states} "
-                   f"G={cfg.group_size}, " + (f"resumed after step {start}" if extra else "from scratch"))
-            kw = {"max_model_len": scaffold.max_context, "seed": cfg.seed, "gpu_memory_utilization":
-                  cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
-                  "in_process": world == 1} if cfg.engine == "vllm" else {}
-            engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
-        sleeps = isinstance(engine, C.VLLMEngine) and gpu and cfg.sleep  # rank 0 only: it owns the engine
+        pool, engine = (start_rollouts(cfg, out, tasks, tok, rcfg, extra, world, gpu) if rank == 0
+                        else (None, None))
+        sleeps = gpu and cfg.sleep and hasattr(engine, "sleep")  # vLLM frees the GPU for training (rank 0)
         if extra:
             push_weights(model, engine)  # the engine starts from the checkpoint's weights
-        done = saved = start
-        for step in range(start + 1, cfg.steps + 1):
-            if cfg.env_step_budget and env_total >= cfg.env_step_budget:
-                C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step - 1}")
-                break
-            done = step
-            t0 = time.monotonic()
-            msg = [None]
-            if rank == 0:
-                groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg)
-                kept, dropped = drop_uniform_groups([g for *_, g in groups])
-                keep_ids = {id(g) for g in kept}
-                row = step_metrics(groups, dropped, pool) | {"added": added, **stats}
-                msg = [(group_rows([x for x in groups if id(x[3]) in keep_ids], cfg.adv_std), row)]
+        step, spent = start, lambda: bool(cfg.env_step_budget) and env_total >= cfg.env_step_budget
+        while step < cfg.steps and not spent():
+            step, t0, msg = step + 1, time.monotonic(), [None]
+            if rank == 0:  # 1-2. roll out, advantages
+                msg = [rollout_step(step, cfg, pool, tasks, engine, rcfg)]
                 if sleeps:
-                    engine.llm.sleep(level=1)
+                    engine.sleep()
             if world > 1:
                 torch.distributed.broadcast_object_list(msg, src=0)
-            rows, row = msg[0]
-            t1 = time.monotonic()
-            if rows:
+            (rows, row), t1 = msg[0], time.monotonic()
+            if rows:  # 3. the clipped policy-gradient step
                 model.train()
                 row |= train_on_batch(model, opt, rows, cfg, device, tok.pad_token_id, ref, rank, world)
             if sleeps:
-                engine.llm.wake_up()
-            push_weights(model, engine)
-            t2 = time.monotonic()
-            env_total += row.get("env_steps", 0)
-            n_tok = row.get("gen_tokens", 0) + row.get("train_tokens", 0)
+                engine.wake()
+            push_weights(model, engine)  # 4. the engine samples the next step from the new weights
+            t2, env_total = time.monotonic(), env_total + row.get("env_steps", 0)
             row |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
-                    "tokens_per_s": round(n_tok / (t2 - t0)), "env_steps_total": env_total}
+                    "env_steps_total": env_total, "tokens_per_s": round(
+                        (row.get("gen_tokens", 0) + row.get("train_tokens", 0)) / (t2 - t0))}
             if rank == 0:
-                row |= {"retired": len(pool_prune(pool, cfg)), "pool": len(pool["states"])}
+                row |= {"retired": len(pool.prune(cfg.retire_after, cfg.pool_max)), "pool": len(pool)}
                 C.append_jsonl(out / "metrics.jsonl", row)
                 _write_live(out, pool)
-                rec = "-" if row["recovery"] is None else f"{row['recovery']:.3f}"
-                fit = (f"clip {row['clip_frac']:.3f} | kl {row['approx_kl']:.2e} | ent {row['entropy']:.2f}"
-                       if rows else "no update (every group uniform)")
-                C.log0(f"step {step:4d} | reward {row['reward']:.3f} | recovery {rec} | dropped "
-                       f"{row['groups_dropped']}/{row['groups']} | {fit} | {row['tokens_per_s']:.0f} tok/s | "
-                       f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']}")
-            if step % cfg.save_every == 0:
-                C.save_checkpoint(out / "ckpt", model, opt,
-                                  {"step": step, "env_steps": env_total, "pool": pool})
-                saved = step
-        if done > saved:  # the last step, or the one the environment-step budget stopped at
-            C.save_checkpoint(out / "ckpt", model, opt, {"step": done, "env_steps": env_total, "pool": pool})
+                log_step(row, bool(rows))
+            if step % cfg.save_every == 0 or step == cfg.steps or spent():  # the last step always
+                C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
+                                                             "pool": pool and pool.to_dict()})
+        if spent():
+            C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step}")
         final = C.export_hf(model, tok, out / "final")
         if rank == 0:  # trained under this scaffold: stage 05 evaluates under it too
             scaffold.save(final)
-        if rank == 0 and not cfg.keep_pool:
-            for s in pool["states"].values():
-                C.remove_image(s["state"]["snapshot"])
+            for sid in [] if cfg.keep_pool else list(pool.states):
+                pool.remove(sid)
     C.log0(f"saved {final}")
     if world > 1:
         C.teardown_distributed()
     return final
+
+
+def push_weights(model, engine) -> None:
+    """Gather the full state dict (a collective: every rank calls) and load it into rank 0's engine."""
+    sd = C.full_state_dict(model)
+    if engine is not None:
+        engine.update_weights(sd.items())
 
 
 if __name__ == "__main__":

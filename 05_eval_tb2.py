@@ -32,7 +32,7 @@ from tqdm import tqdm
 import common as C
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Config:
     """Evaluate an agent on Harbor-format tasks and report Pass@1 by category."""
 
@@ -250,14 +250,14 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path, imag
                                max_context=cfg.max_context, command_timeout=cfg.command_timeout)
     vllm_kw = {"max_model_len": scaffold.max_context, "seed": cfg.seed} if cfg.engine == "vllm" else {}
     engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **vllm_kw)
-    sampling = C.SamplingConfig(cfg.temperature, cfg.top_p, seed=cfg.seed)
+    sampling = C.SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
     rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
     tok = engine.tokenizer
     bar = tqdm(total=len(todo), desc="eval[policy]")
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
         for task, k, j in todo:  # trial j of the run (its place in tasks x trials) samples with seed + j
             ep = C.first_attempt(task, tok, rcfg, seed=cfg.seed + j)
-            pool.submit(ep, snapshot="failed" if cfg.recovery else "none", tag=(k, j, None))
+            pool.submit(ep, commit="failed" if cfg.recovery else "none", tag=(k, j, None))
         for (k, j, trial), ep in pool.completed():
             if trial is None and ep.snapshot:  # a failed trial: fork its recovery now
                 state = C.FailureState.from_episode(ep, cfg.model)

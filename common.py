@@ -1,5 +1,18 @@
-"""Shared code for the five ReTerm stages, one banner-commented section per concern. Everything
-here is used by at least two stages; code used by one stage lives in that stage's file."""
+"""Shared code for the five ReTerm stages, one banner-commented section per concern, in this order:
+
+  section           what it holds                                                     who uses it
+  config · logging  dataclass -> kebab-case flags, config dump, JSONL, one-line errors  every stage
+  tasks             Harbor task folders -> Task (validated limits), --sample splits      01 03 04 05
+  docker env        engine, task images, Env (bash tool, snapshot, verify), reaper       01 03 04 05
+  docker hosts      several engines: placement, snapshot copies, lost engines            01 03 04 05
+  agent protocol    system prompt, bash tool, tool-call parser, recovery turn, Scaffold  every stage
+  tokens & masks    token-in/token-out traces, delta rendering, SFT's tokenisation       every stage
+  models & engines  loading; the vLLM and transformers engines and their weight sync     01-05
+  rollout           RolloutPool (episodes on their own clocks), failure states           01 03 04 05
+  training          FSDP2, masked token log-probs, batching, checkpoints, HF export      02 04
+  tooling           tiny models made on the spot (tests, run_tiny.sh) and the CLI        tests, scripts
+
+Code that only one stage needs lives in that stage."""
 
 from __future__ import annotations
 
@@ -117,6 +130,12 @@ def read_jsonl(path: str | Path, strict: bool = False) -> list[dict]:
     if strict and not rows:
         raise DataError(f"{path}: empty dataset (no rows)")
     return rows
+
+
+def check_choice(flag: str, value: str, choices: Iterable[str]) -> None:
+    """An enumerated flag must be one of its choices: a typo is a one-line error, never a default."""
+    if value not in choices:
+        raise UserError(f"{flag} {value!r}: choose one of {', '.join(choices)}")
 
 
 class UserError(Exception):
@@ -349,7 +368,7 @@ def ensure_docker_timeout(seconds: float) -> None:
 def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) -> None:
     """Make sure an engine answers and the base image exists; idempotent, fast when done. As root on
     Debian: installs docker.io, starts dockerd, and seeds `base_image` with debootstrap + `docker
-    import` when no registry is reachable (DESIGN §4)."""
+    import` when no registry is reachable."""
     import docker
 
     try:
@@ -1114,7 +1133,7 @@ def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
         return [], f"malformed tool call: {e}"
 
 
-# The user turn that opens a recovery attempt (ReTerm §4): the task is restated in full because
+# The user turn that opens a recovery attempt (the paper's wording): the task is restated in full because
 # failed attempts are long and the original instruction may be far back.
 RECOVERY_PROMPT = (
     "Your previous attempt at this task FAILED: the task's tests did not pass.\n"
@@ -1132,7 +1151,7 @@ def recovery_message(instruction: str, template: str = RECOVERY_PROMPT) -> dict:
     return {"role": "user", "content": template.replace("{instruction}", instruction)}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Scaffold:
     """The agent scaffold: what the model is told and the limits it acts under. One definition for
     every stage: 02 writes the one it trained with into the model folder (scaffold.json), and 03/04/05
@@ -1169,7 +1188,7 @@ def load_scaffold(model: str | Path | None, log: Callable[[str], None] = log0, *
 # ════════════════════════════════════════════════════════════════════════════
 # tokens & masks
 # ════════════════════════════════════════════════════════════════════════════
-# Token-in, token-out (DESIGN §5): a rollout keeps the ids it sampled and appends observations
+# Token-in, token-out: a rollout keeps the ids it sampled and appends observations
 # as *deltas* of the chat template; re-tokenising the whole history would drift from what the
 # model actually saw (BPE merges across turn boundaries, whitespace the model chose).
 
@@ -1303,133 +1322,10 @@ def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_i
 
 
 # ════════════════════════════════════════════════════════════════════════════
-# models
+# models & policy engines
 # ════════════════════════════════════════════════════════════════════════════
-# No model hub at run time (DESIGN §7): tests and the tiny pipeline use a random-init model with
-# a BPE trained here in about a second and a chat template in Qwen3.5's tool-call format. The
-# template never rewrites earlier turns, so delta rendering is exact for it.
-
-TINY_CHAT_TEMPLATE = r"""
-{%- if tools %}
-{{- '<|im_start|>system\n' }}
-{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
-{{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
-{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
-{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:' }}
-{{- '\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1' }}
-{{- '\n</parameter>\n</function>\n</tool_call><|im_end|>\n' }}
-{%- elif messages and messages[0].role == 'system' %}
-{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-{%- endif %}
-{%- for m in messages %}
-{%- if m.role == 'system' and loop.first %}
-{%- elif m.role == 'assistant' %}
-{{- '<|im_start|>assistant\n' + (m.content or '') }}
-{%- for tc in (m.tool_calls or []) %}
-{%- set f = tc.function if tc.function is defined else tc %}
-{%- if not loop.first %}{{- '\n' }}{%- elif m.content and m.content | trim %}{{- '\n\n' }}{%- endif %}
-{{- '<tool_call>\n<function=' + f.name + '>\n' }}
-{%- for k, v in f.arguments | items %}
-{{- '<parameter=' + k + '>\n' + (v if v is string else v | tojson) + '\n</parameter>\n' }}
-{%- endfor %}
-{{- '</function>\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\n' }}
-{%- elif m.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
-{%- else %}
-{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
-""".strip()
-
-_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
-
-
-def _tiny_corpus() -> list[str]:
-    """Deterministic local text with the shapes a terminal agent sees: commands, prompts,
-    JSON/XML, Python, and whole rendered conversations."""
-    cmds = ["ls -la /app", "cd /app && pwd", "cat README.md", "grep -rn 'TODO' src/",
-            "python3 -m pytest -q tests/", "pip install -r requirements.txt", "echo $HOME",
-            "apt-get install -y curl", "export PATH=/usr/local/bin:$PATH", "mkdir -p /app/out",
-            "sed -n '1,40p' main.py", "find . -name '*.py' | head", "tar -xzf data.tar.gz",
-            "git status && git log --oneline | head -5", "chmod +x run.sh && ./run.sh",
-            "python3 -c 'import json; print(json.load(open(\"config.json\")))'", "wc -l *.txt"]
-    prose = [SYSTEM_PROMPT, recovery_message("Fix the failing build in /app.")["content"],
-             json.dumps(BASH_TOOL, indent=2), json.dumps({"id": 3, "task_id": "fix-git", "ok": True}),
-             "Write a script that reads data.csv, computes the mean of each column and saves "
-             "the result to /app/out/summary.json. The tests check the file exists.",
-             "The command failed with exit code 1: No such file or directory.",
-             "def main():\n    for i in range(10):\n        print(f'step {i}')\n\n"
-             "if __name__ == '__main__':\n    main()\n",
-             "<config><name>server</name><port>8080</port></config>"]
-    out = prose * 20
-    for i, cmd in enumerate(cmds * 8):
-        call = {"type": "function", "function": {"name": "bash", "arguments": {"command": cmd}}}
-        out.append(f"<|im_start|>assistant\nLet me check step {i}.\n\n<tool_call>\n<function=bash>\n"
-                   f"<parameter=command>\n{cmd}\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
-                   f"<|im_start|>user\n<tool_response>\n[exit code {i % 3}]\n</tool_response><|im_end|>\n")
-        out.append(json.dumps(call))
-    return out
-
-
-def make_tiny_tokenizer() -> Any:
-    """A small (~900-token) byte-level BPE with Qwen's special tokens and the tiny chat template."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    split = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""  # Qwen2-style pre-split
-             r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=_SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_tiny_corpus(), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _MARKUP])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"], chat_template=TINY_CHAT_TEMPLATE,
-        model_max_length=32768, clean_up_tokenization_spaces=False)
-
-
-def make_tiny_model(out_dir: str | Path, arch: str = "qwen3_5", seed: int = 0) -> Path:
-    """Write a random-init tiny model folder (safetensors + tokenizer + chat template).
-
-    arch "qwen3_5": Qwen3_5ForCausalLM with one linear-attention and one full-attention layer
-    (linear key/value head dim 128, what vLLM's CPU kernels need); "qwen3": Qwen3ForCausalLM.
-    Attention head_dim is 32 because vLLM on CPU rejects smaller. Deterministic per seed."""
-    import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = make_tiny_tokenizer()
-    shape = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=32, max_position_embeddings=32768,
-                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    if arch == "qwen3_5":
-        cfg = Qwen3_5TextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-                                linear_key_head_dim=128, linear_value_head_dim=128,
-                                linear_num_key_heads=1, linear_num_value_heads=1, **shape)
-        model = Qwen3_5ForCausalLM(cfg)
-    elif arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, **shape))
-    else:
-        raise ValueError(f"unknown tiny arch {arch!r}: use 'qwen3_5' or 'qwen3'")
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
+# One interface, two engines: generate(prompt ids) -> Generation, and
+# update_weights(named tensors) after each optimizer step.
 
 def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
     """loader.from_pretrained with one clear error for a missing folder. A path-looking name is
@@ -1448,7 +1344,7 @@ def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The model's tokenizer; it must carry a chat template (tools are rendered by it, §5)."""
+    """The model's tokenizer; it must carry a chat template (tools are rendered by it)."""
     from transformers import AutoTokenizer
 
     tok = _pretrained(AutoTokenizer, path)
@@ -1461,18 +1357,11 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def load_model(path: str | Path, dtype: Any = None) -> Any:
-    """AutoModelForCausalLM (a multimodal Qwen3.5 checkpoint loads as its text-only LM, §7)."""
+    """AutoModelForCausalLM (a multimodal Qwen3.5 checkpoint loads as its text-only LM)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     return _pretrained(AutoModelForCausalLM, path, dtype=dtype or torch.float32)
-
-
-# ════════════════════════════════════════════════════════════════════════════
-# policy engines
-# ════════════════════════════════════════════════════════════════════════════
-# One interface, two engines (DESIGN §6): generate(prompt ids) -> Generation, and
-# update_weights(named tensors) after each optimizer step.
 
 
 @dataclasses.dataclass
@@ -1482,7 +1371,7 @@ class Generation:
     finish_reason: str  # "stop" (eos) or "length" (max_tokens)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class SamplingConfig:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
@@ -1569,9 +1458,17 @@ class VLLMEngine:
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
 
+    def sleep(self) -> None:
+        """GPU: free the KV cache and move the weights to CPU while the trainer needs the memory.
+        Level 1 keeps the weights (level 2 would discard what update_weights copies into)."""
+        self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        self.llm.wake_up()
+
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed
-        with the old ones. Sleep level 2 would discard weights; we never sleep."""
+        with the old ones."""
         if self.in_process:
             weights = [(n, t.detach()) for n, t in named_tensors]
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
@@ -1638,231 +1535,8 @@ class HFEngine:
 def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
     """'vllm' (fast rollouts) or 'hf' (no vLLM installed)."""
     engines = {"vllm": VLLMEngine, "hf": HFEngine}
-    if kind not in engines:
-        raise ValueError(f"unknown engine {kind!r}: use 'vllm' or 'hf'")
+    check_choice("--engine", kind, engines)
     return engines[kind](model_path, **kw)
-
-
-# ════════════════════════════════════════════════════════════════════════════
-# training (FSDP2, checkpoints)
-# ════════════════════════════════════════════════════════════════════════════
-# Shared by SFT (02) and GRPO (04): one process per GPU under torchrun, FSDP2 (fully_shard per
-# decoder block, then the root; DESIGN §9), the masked token log-prob forward both losses are
-# built on, resumable sharded checkpoints, and the plain HF folder every later stage loads.
-
-
-def init_distributed() -> tuple[int, int, Any]:
-    """(rank, world size, device). Starts the process group when torchrun set WORLD_SIZE > 1:
-    NCCL on GPUs, gloo on CPU (the CPU tests prove sharded == single-process training)."""
-    import torch
-    import torch.distributed as dist
-
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        # An hour, not the default 10 min: ranks wait at barriers while others tokenise or roll out.
-        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
-                                timeout=datetime.timedelta(hours=1))
-    return rank, world, device
-
-
-def barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def teardown_distributed() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def all_reduce_sum(x: float) -> float:
-    """Sum of a number over all ranks (the number itself in a single process)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return float(x)
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.item()
-
-
-def text_config(model: Any) -> Any:
-    cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
-def shard_model(model: Any, mixed_precision: bool = False) -> Any:
-    """FSDP2 in place: each decoder block is one all-gather unit; the root keeps embeddings, the
-    final norm and lm_head. mixed_precision: compute in bf16, reduce gradients in fp32, while the
-    sharded fp32 parameters stay the optimizer's master copy."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if mixed_precision else MixedPrecisionPolicy())
-    for block in model.model.layers:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model
-
-
-def packing_supported(model: Any) -> bool:
-    """Whether rows packed into one sequence stay invisible to each other. Full attention: always
-    (restarting position_ids make transformers build a block-diagonal mask for sdpa/eager, or take
-    flash-attention's varlen path). Qwen3.5's linear-attention (Gated DeltaNet) layers learn row
-    boundaries only through flash-linear-attention's varlen kernel (cu_seqlens) and causal-conv1d's
-    seq_idx, both CUDA-only; their torch fallbacks silently run the recurrence and the convolution
-    across rows. So: pack unless the model has linear attention and those kernels are missing."""
-    import torch
-    from transformers.utils import import_utils as iu
-
-    if "linear_attention" not in (getattr(text_config(model), "layer_types", None) or []):
-        return True
-    kernels = iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
-    return torch.cuda.is_available() and kernels
-
-
-def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: int | None = None) -> dict:
-    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}). packed=False: one row
-    per trace, right-padded to `width` (default: the longest); right padding leaves the linear-attention
-    scan over real tokens untouched. packed=True: all traces in ONE row of `width` tokens, position ids
-    restarting at 0 per trace, attention_mask None (so transformers masks across traces),
-    cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids, attention_mask, loss_mask,
-    logprobs (the traces' sampling logprobs), row (trace index per token, -1 on padding), cu_seqlens,
-    seq_idx, max_len (None unless packed)."""
-    import torch
-
-    lens = [len(t) for t in traces]
-    groups = [list(range(len(traces)))] if packed else [[i] for i in range(len(traces))]
-    width = width or max(sum(lens[i] for i in g) for g in groups)
-    shape = (len(groups), width)
-    ids, row = torch.full(shape, pad_id, dtype=torch.long), torch.full(shape, -1, dtype=torch.long)
-    pos, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
-    logp = torch.zeros(shape, dtype=torch.float32)
-    for b, g in enumerate(groups):
-        at = 0
-        for i in g:
-            t, n = traces[i], lens[i]
-            if at + n > width:
-                raise ValueError(f"collate: traces need {at + n} tokens, more than width {width}")
-            ids[b, at:at + n] = torch.tensor(t.ids)
-            pos[b, at:at + n] = torch.arange(n)
-            mask[b, at:at + n] = torch.tensor(t.mask)
-            logp[b, at:at + n] = torch.tensor(t.logprobs, dtype=torch.float32)
-            row[b, at:at + n] = i
-            at += n
-    batch = {"input_ids": ids, "position_ids": pos, "attention_mask": None if packed else (row >= 0).long(),
-             "loss_mask": mask, "logprobs": logp, "row": row,
-             "cu_seqlens": None, "seq_idx": None, "max_len": None}
-    if packed:
-        # The padding tail counts as one more (untrained) sequence so varlen kernels cover the row.
-        bounds = [0, *itertools.accumulate(lens)] + ([width] if sum(lens) < width else [])
-        batch["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32)
-        batch["seq_idx"] = torch.where(row >= 0, row, len(traces)).int()
-        pos[0, sum(lens):] = torch.arange(width - sum(lens))
-        batch["max_len"] = max(b - a for a, b in itertools.pairwise(bounds))
-    return batch
-
-
-def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
-    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
-    0 elsewhere (callers multiply by the mask). Differentiable. The lm_head runs only at positions
-    predicting a trained token (logits_to_keep takes an index tensor): a 32k context with a 248k
-    vocabulary would otherwise materialise tens of GB of logits. The fp32 log-softmax runs chunk by chunk
-    under activation checkpointing for the same reason."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    ids = batch["input_ids"]
-    keep = batch["loss_mask"][:, 1:].any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
-    kw: dict[str, Any] = {}
-    if batch.get("cu_seqlens") is not None:
-        cu, n = batch["cu_seqlens"], batch["max_len"]
-        kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
-        if "linear_attention" in (getattr(text_config(model), "layer_types", None) or []):
-            kw["seq_idx"] = batch["seq_idx"]
-    logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=keep, use_cache=False, **kw).logits  # [B, K, V]
-    targets = ids[:, keep + 1]
-
-    def logp(lg: Any, tg: Any) -> Any:
-        lg = lg.float() / temperature
-        return lg.gather(-1, tg[..., None])[..., 0] - lg.logsumexp(-1)
-
-    parts = [checkpoint(logp, logits[:, s:s + chunk], targets[:, s:s + chunk], use_reentrant=False)
-             for s in range(0, max(len(keep), 1), chunk)]
-    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    return out.index_copy(1, keep + 1, torch.cat(parts, 1))
-
-
-def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -> None:
-    """Sharded model + optimizer state (torch.distributed.checkpoint: each rank writes its own
-    shards) and this rank's `extra` (step, scheduler, RNG, ...). Written to PATH.tmp and swapped in
-    only when complete, so a run killed mid-save resumes from the previous checkpoint."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    path = Path(path)
-    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
-    if is_rank0():
-        shutil.rmtree(tmp, ignore_errors=True)
-    barrier()
-    msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
-    torch.save(extra, tmp / f"extra_{int(os.environ.get('RANK', 0))}.pt")
-    barrier()
-    if is_rank0():
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    barrier()
-
-
-def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None:
-    """Restore (in place) what save_checkpoint wrote; returns this rank's `extra`, or None when
-    there is no checkpoint. Resume with the same world size that saved it."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    path = Path(path)
-    if not (path / ".metadata").exists():
-        path = path.with_name(path.name + ".old")  # killed between the two renames
-        if not (path / ".metadata").exists():
-            return None
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return torch.load(path / f"extra_{int(os.environ.get('RANK', 0))}.pt", weights_only=False)
-
-
-def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None) -> Path:
-    """The plain HF folder later stages and vLLM load (config, safetensors, tokenizer + chat
-    template). Under FSDP the full state dict is gathered to rank 0's CPU; call on every rank."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    out = Path(out_dir)
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if is_rank0():
-        sd = {k: v.to(dtype) if dtype is not None else v for k, v in sd.items()}
-        model.save_pretrained(out, state_dict=sd)
-        tokenizer.save_pretrained(out)
-    barrier()
-    return out
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -1912,7 +1586,7 @@ def classify_failure(ep: Episode) -> str:
     return "faulty_implementation"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class RolloutConfig:
     max_turns: int = 50  # assistant turns per attempt
     max_context: int = 32768  # tokens; an attempt whose next turn would not fit ends
@@ -1929,8 +1603,10 @@ def rollout_config(s: Scaffold, sampling: SamplingConfig, concurrency: int, time
                    ) -> RolloutConfig:
     """The rollout settings of a scaffold (sampling.max_tokens is set from it)."""
     sampling = dataclasses.replace(sampling, max_tokens=s.max_tokens)
-    return RolloutConfig(s.max_turns, s.max_context, s.command_timeout, timeout_multiplier, concurrency,
-                         sampling, s.system_prompt, s.recovery_prompt, s.max_output_bytes)
+    return RolloutConfig(max_turns=s.max_turns, max_context=s.max_context, command_timeout=s.command_timeout,
+                         timeout_multiplier=timeout_multiplier, concurrency=concurrency, sampling=sampling,
+                         system_prompt=s.system_prompt, recovery_prompt=s.recovery_prompt,
+                         max_output_bytes=s.max_output_bytes)
 
 
 @dataclasses.dataclass
@@ -2146,15 +1822,17 @@ class RolloutPool:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def submit(self, ep: Episode, image: str | None = None, snapshot: str = "none", tag: Any = None,
+    def submit(self, ep: Episode, image: str | None = None, commit: str = "none", tag: Any = None,
                engine: Any = None) -> Future:
-        """snapshot: "none" | "failed" (kept image of a failed attempt) | "all" (unkept images)."""
+        """commit: which finished attempts are committed to a snapshot image before verification:
+        "none", "failed" (kept while a failure record needs it; a passed attempt's is removed),
+        or "all" (unkept images, reaped at exit)."""
         engine = engine or self.engine
         with self.lock:
             if id(engine) not in self.queues:
                 self.queues[id(engine)] = EngineQueue(engine, self.cfg.sampling)
             queue = self.queues[id(engine)]
-        fut = self.slots.submit(self._run, ep, image, snapshot, queue)
+        fut = self.slots.submit(self._run, ep, image, commit, queue)
         self.live[fut] = tag
         return fut
 
@@ -2184,7 +1862,7 @@ class RolloutPool:
             ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
             return None
 
-    def _run(self, ep: Episode, image: str | None, snapshot: str, queue: EngineQueue) -> Episode:
+    def _run(self, ep: Episode, image: str | None, commit: str, queue: EngineQueue) -> Episode:
         t, env, host = time.monotonic(), None, None
         try:
             if self.closed.is_set():
@@ -2196,7 +1874,7 @@ class RolloutPool:
             if env is not None:
                 self._episode(ep, env, queue)
             if env is not None and not ep.error and not self.closed.is_set():
-                self._guard(ep, "verify", lambda: _finish(ep, env, snapshot, self.cfg))
+                self._guard(ep, "verify", lambda: _finish(ep, env, commit, self.cfg))
         finally:
             if env is not None:
                 env.close()
@@ -2235,43 +1913,43 @@ class RolloutPool:
             ep.trace.add_context(delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
 
 
-def _finish(ep: Episode, env: Env, snapshot: str, cfg: RolloutConfig) -> None:
+def _finish(ep: Episode, env: Env, commit: str, cfg: RolloutConfig) -> None:
     """Snapshot (before the verifier touches anything), verify, classify a failure."""
-    if snapshot != "none":
-        ep.snapshot = env.snapshot(keep=snapshot == "failed")
+    if commit != "none":
+        ep.snapshot = env.snapshot(keep=commit == "failed")
     v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
     ep.reward, ep.verify_error, ep.verify_output = v.reward, v.error, v.output
     if ep.reward < 1.0:
         ep.category = classify_failure(ep)
-    elif snapshot == "failed" and ep.snapshot:
+    elif commit == "failed" and ep.snapshot:
         remove_image(ep.snapshot)
         ep.snapshot = None
 
 
 def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
-                 snapshot: str = "none", internet: bool = True) -> dict:
+                 commit: str = "none", internet: bool = True) -> dict:
     """Run every episode in a RolloutPool (an image per episode: None = its task's image, or a
-    snapshot to fork); returns the pool's stats. snapshot: see RolloutPool.submit."""
+    snapshot to fork); returns the pool's stats. commit: see RolloutPool.submit."""
     with RolloutPool(engine, cfg, internet) as pool:
         for ep, image in zip(episodes, images, strict=True):
-            pool.submit(ep, image, snapshot)
+            pool.submit(ep, image, commit)
         for _ in pool.completed():
             pass
     return pool.stats()
 
 
-def run_attempts(tasks: list[Task], engine: Any, cfg: RolloutConfig, snapshot: str = "none",
+def run_attempts(tasks: list[Task], engine: Any, cfg: RolloutConfig, commit: str = "none",
                  internet: bool = True) -> tuple[list[Episode], dict]:
     """First attempts: one fresh container per entry of `tasks` (repeat a task for k attempts);
     attempt i samples with seed cfg.sampling.seed + i."""
     base = cfg.sampling.seed
     episodes = [first_attempt(t, engine.tokenizer, cfg, None if base is None else base + i)
                 for i, t in enumerate(tasks)]
-    return episodes, run_episodes(episodes, [None] * len(tasks), engine, cfg, snapshot, internet)
+    return episodes, run_episodes(episodes, [None] * len(tasks), engine, cfg, commit, internet)
 
 
 def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, engine: Any,
-                   cfg: RolloutConfig, snapshot: str = "none", internet: bool = True
+                   cfg: RolloutConfig, commit: str = "none", internet: bool = True
                    ) -> tuple[list[list[Episode]], dict]:
     """Fork n containers from each failure state and let the policy recover in each; returns
     one group of n episodes per state (the GRPO group)."""
@@ -2279,13 +1957,360 @@ def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, e
     episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer, cfg, None if base is None else base + i)
                 for i, s in enumerate([s for s in states for _ in range(n)])]
     images = [s.snapshot for s in states for _ in range(n)]
-    stats = run_episodes(episodes, images, engine, cfg, snapshot, internet)
+    stats = run_episodes(episodes, images, engine, cfg, commit, internet)
     return [episodes[k * n:(k + 1) * n] for k in range(len(states))], stats
 
 
 # ════════════════════════════════════════════════════════════════════════════
-# command line: python common.py docker-up | reap | tiny-model OUT [--arch qwen3]
+# training (FSDP2, checkpoints)
 # ════════════════════════════════════════════════════════════════════════════
+# Shared by SFT (02) and GRPO (04): one process per GPU under torchrun, FSDP2 (fully_shard per
+# decoder block, then the root), the masked token log-prob forward both losses are
+# built on, resumable sharded checkpoints, and the plain HF folder every later stage loads.
+
+
+def init_distributed() -> tuple[int, int, Any]:
+    """(rank, world size, device). Starts the process group when torchrun set WORLD_SIZE > 1:
+    NCCL on GPUs, gloo on CPU (the CPU tests prove sharded == single-process training)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        # An hour, not the default 10 min: ranks wait at barriers while others tokenise or roll out.
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
+                                timeout=datetime.timedelta(hours=1))
+    return rank, world, device
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def teardown_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(x: float) -> float:
+    """Sum of a number over all ranks (the number itself in a single process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return float(x)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def shard_model(model: Any, mixed_precision: bool = False) -> Any:
+    """FSDP2 in place: each decoder block is one all-gather unit; the root keeps embeddings, the
+    final norm and lm_head. mixed_precision: compute in bf16, reduce gradients in fp32, while the
+    sharded fp32 parameters stay the optimizer's master copy."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if mixed_precision else MixedPrecisionPolicy())
+    for block in model.model.layers:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def length_buckets(lengths: list[int], budget: int, order: Iterable[int] | None = None) -> list[list[int]]:
+    """Indices sorted by length (ties in `order`), cut into buckets whose padded size (rows x
+    longest) fits `budget` tokens: SFT's padded micro-batches and GRPO's."""
+    buckets: list[list[int]] = [[]]
+    for i in sorted(range(len(lengths)) if order is None else order, key=lengths.__getitem__):
+        if buckets[-1] and (len(buckets[-1]) + 1) * lengths[i] > budget:
+            buckets.append([])
+        buckets[-1].append(i)
+    return buckets
+
+
+def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: int | None = None) -> dict:
+    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}). packed=False: one row
+    per trace, right-padded to `width` (default: the longest); right padding leaves the linear-attention
+    scan over real tokens untouched. packed=True: all traces in ONE row of `width` tokens, position ids
+    restarting at 0 per trace, attention_mask None (so transformers masks across traces),
+    cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids, attention_mask, loss_mask,
+    engine_logp (the engine's sampling logprobs), row (trace index per token, -1 on padding),
+    cu_seqlens, seq_idx, max_len (None unless packed)."""
+    import torch
+
+    lens = [len(t) for t in traces]
+    groups = [list(range(len(traces)))] if packed else [[i] for i in range(len(traces))]
+    width = width or max(sum(lens[i] for i in g) for g in groups)
+    shape = (len(groups), width)
+    ids, row = torch.full(shape, pad_id, dtype=torch.long), torch.full(shape, -1, dtype=torch.long)
+    pos, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
+    logp = torch.zeros(shape, dtype=torch.float32)
+    for b, g in enumerate(groups):
+        at = 0
+        for i in g:
+            t, n = traces[i], lens[i]
+            if at + n > width:
+                raise ValueError(f"collate: traces need {at + n} tokens, more than width {width}")
+            ids[b, at:at + n] = torch.tensor(t.ids)
+            pos[b, at:at + n] = torch.arange(n)
+            mask[b, at:at + n] = torch.tensor(t.mask)
+            logp[b, at:at + n] = torch.tensor(t.logprobs, dtype=torch.float32)
+            row[b, at:at + n] = i
+            at += n
+    batch = {"input_ids": ids, "position_ids": pos, "attention_mask": None if packed else (row >= 0).long(),
+             "loss_mask": mask, "engine_logp": logp, "row": row,
+             "cu_seqlens": None, "seq_idx": None, "max_len": None}
+    if packed:
+        # The padding tail counts as one more (untrained) sequence so varlen kernels cover the row.
+        bounds = [0, *itertools.accumulate(lens)] + ([width] if sum(lens) < width else [])
+        batch["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32)
+        batch["seq_idx"] = torch.where(row >= 0, row, len(traces)).int()
+        pos[0, sum(lens):] = torch.arange(width - sum(lens))
+        batch["max_len"] = max(b - a for a, b in itertools.pairwise(bounds))
+    return batch
+
+
+def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
+    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
+    0 elsewhere (callers multiply by the mask). Differentiable. The lm_head runs only at positions
+    predicting a trained token (logits_to_keep takes an index tensor): a 32k context with a 248k
+    vocabulary would otherwise materialise tens of GB of logits. The fp32 log-softmax runs chunk by chunk
+    under activation checkpointing for the same reason."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    ids = batch["input_ids"]
+    keep = batch["loss_mask"][:, 1:].any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
+    kw: dict[str, Any] = {}
+    if batch.get("cu_seqlens") is not None:
+        cu, n = batch["cu_seqlens"], batch["max_len"]
+        kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
+        if "linear_attention" in (getattr(text_config(model), "layer_types", None) or []):
+            kw["seq_idx"] = batch["seq_idx"]
+    logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep, use_cache=False, **kw).logits  # [B, K, V]
+    targets = ids[:, keep + 1]
+
+    def logp(lg: Any, tg: Any) -> Any:
+        lg = lg.float() / temperature
+        return lg.gather(-1, tg[..., None])[..., 0] - lg.logsumexp(-1)
+
+    parts = [checkpoint(logp, logits[:, s:s + chunk], targets[:, s:s + chunk], use_reentrant=False)
+             for s in range(0, max(len(keep), 1), chunk)]
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    return out.index_copy(1, keep + 1, torch.cat(parts, 1))
+
+
+def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -> None:
+    """Sharded model + optimizer state (torch.distributed.checkpoint: each rank writes its own
+    shards) and this rank's `extra` (step, scheduler, RNG, ...). Written to PATH.tmp and swapped in
+    only when complete, so a run killed mid-save resumes from the previous checkpoint."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(path)
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    if is_rank0():
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    torch.save(extra, tmp / f"extra_{int(os.environ.get('RANK', 0))}.pt")
+    barrier()
+    if is_rank0():
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier()
+
+
+def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None:
+    """Restore (in place) what save_checkpoint wrote; returns this rank's `extra`, or None when
+    there is no checkpoint. Resume with the same world size that saved it."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    if not (path / ".metadata").exists():
+        path = path.with_name(path.name + ".old")  # killed between the two renames
+        if not (path / ".metadata").exists():
+            return None
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return torch.load(path / f"extra_{int(os.environ.get('RANK', 0))}.pt", weights_only=False)
+
+
+def full_state_dict(model: Any) -> dict:
+    """The whole model's weights on CPU (HF names). Under FSDP a gather: every rank must call."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None) -> Path:
+    """The plain HF folder later stages and vLLM load (config, safetensors, tokenizer + chat
+    template). Under FSDP the full state dict is gathered to rank 0's CPU; call on every rank."""
+    out = Path(out_dir)
+    sd = full_state_dict(model)
+    if is_rank0():
+        sd = {k: v.to(dtype) if dtype is not None else v for k, v in sd.items()}
+        model.save_pretrained(out, state_dict=sd)
+        tokenizer.save_pretrained(out)
+    barrier()
+    return out
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# tooling: tiny models made on the spot, and the command line
+#   python common.py docker-up | reap | tiny-model OUT [--arch qwen3]
+# ════════════════════════════════════════════════════════════════════════════
+# No model hub at run time here: tests and the tiny pipeline use a random-init model with
+# a BPE trained here in about a second and a chat template in Qwen3.5's tool-call format. The
+# template never rewrites earlier turns, so delta rendering is exact for it.
+
+TINY_CHAT_TEMPLATE = r"""
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:' }}
+{{- '\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1' }}
+{{- '\n</parameter>\n</function>\n</tool_call><|im_end|>\n' }}
+{%- elif messages and messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'assistant' %}
+{{- '<|im_start|>assistant\n' + (m.content or '') }}
+{%- for tc in (m.tool_calls or []) %}
+{%- set f = tc.function if tc.function is defined else tc %}
+{%- if not loop.first %}{{- '\n' }}{%- elif m.content and m.content | trim %}{{- '\n\n' }}{%- endif %}
+{{- '<tool_call>\n<function=' + f.name + '>\n' }}
+{%- for k, v in f.arguments | items %}
+{{- '<parameter=' + k + '>\n' + (v if v is string else v | tojson) + '\n</parameter>\n' }}
+{%- endfor %}
+{{- '</function>\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif m.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- else %}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+""".strip()
+
+_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def _tiny_corpus() -> list[str]:
+    """Deterministic local text with the shapes a terminal agent sees: commands, prompts,
+    JSON/XML, Python, and whole rendered conversations."""
+    cmds = ["ls -la /app", "cd /app && pwd", "cat README.md", "grep -rn 'TODO' src/",
+            "python3 -m pytest -q tests/", "pip install -r requirements.txt", "echo $HOME",
+            "apt-get install -y curl", "export PATH=/usr/local/bin:$PATH", "mkdir -p /app/out",
+            "sed -n '1,40p' main.py", "find . -name '*.py' | head", "tar -xzf data.tar.gz",
+            "git status && git log --oneline | head -5", "chmod +x run.sh && ./run.sh",
+            "python3 -c 'import json; print(json.load(open(\"config.json\")))'", "wc -l *.txt"]
+    prose = [SYSTEM_PROMPT, recovery_message("Fix the failing build in /app.")["content"],
+             json.dumps(BASH_TOOL, indent=2), json.dumps({"id": 3, "task_id": "fix-git", "ok": True}),
+             "Write a script that reads data.csv, computes the mean of each column and saves "
+             "the result to /app/out/summary.json. The tests check the file exists.",
+             "The command failed with exit code 1: No such file or directory.",
+             "def main():\n    for i in range(10):\n        print(f'step {i}')\n\n"
+             "if __name__ == '__main__':\n    main()\n",
+             "<config><name>server</name><port>8080</port></config>"]
+    out = prose * 20
+    for i, cmd in enumerate(cmds * 8):
+        call = {"type": "function", "function": {"name": "bash", "arguments": {"command": cmd}}}
+        out.append(f"<|im_start|>assistant\nLet me check step {i}.\n\n<tool_call>\n<function=bash>\n"
+                   f"<parameter=command>\n{cmd}\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+                   f"<|im_start|>user\n<tool_response>\n[exit code {i % 3}]\n</tool_response><|im_end|>\n")
+        out.append(json.dumps(call))
+    return out
+
+
+def make_tiny_tokenizer() -> Any:
+    """A small (~900-token) byte-level BPE with Qwen's special tokens and the tiny chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    split = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""  # Qwen2-style pre-split
+             r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=_SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_tiny_corpus(), trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _MARKUP])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"], chat_template=TINY_CHAT_TEMPLATE,
+        model_max_length=32768, clean_up_tokenization_spaces=False)
+
+
+def make_tiny_model(out_dir: str | Path, arch: str = "qwen3_5", seed: int = 0) -> Path:
+    """Write a random-init tiny model folder (safetensors + tokenizer + chat template).
+
+    arch "qwen3_5": Qwen3_5ForCausalLM with one linear-attention and one full-attention layer
+    (linear key/value head dim 128, what vLLM's CPU kernels need); "qwen3": Qwen3ForCausalLM.
+    Attention head_dim is 32 because vLLM on CPU rejects smaller. Deterministic per seed."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = make_tiny_tokenizer()
+    shape = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, max_position_embeddings=32768,
+                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    if arch == "qwen3_5":
+        cfg = Qwen3_5TextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                                linear_key_head_dim=128, linear_value_head_dim=128,
+                                linear_num_key_heads=1, linear_num_value_heads=1, **shape)
+        model = Qwen3_5ForCausalLM(cfg)
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, **shape))
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}: use 'qwen3_5' or 'qwen3'")
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def _cli(argv: list[str]) -> None:

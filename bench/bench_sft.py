@@ -2,7 +2,7 @@
 
 CPU (default): one epoch of the same rows on a tiny model, packed best-fit vs length-bucketed
 padding: trained-on tokens/s and the share of each micro-batch wasted on padding. Qwen3.5's
-linear-attention layers can't keep packed rows apart on CPU (common.packing_supported), so both
+linear-attention layers can't keep packed rows apart on CPU (02_sft.packing_supported), so both
 runs use the tiny Qwen3 (full attention), which can.
 
 GPU: one SFT step (after a warm-up step) of a random Qwen3.5-shaped model of about 1.5B parameters
@@ -111,7 +111,7 @@ def gpu(args: argparse.Namespace, tmp: Path) -> None:
     rows = run(data, tmp / "model", tmp / "run", "--max-len", str(args.budget), "--micro-batch-tokens",
                str(args.budget), "--max-steps", "2", "--grad-accum", "1", "--activation-checkpointing")
     r = rows[-1]
-    packed = C.packing_supported(types.SimpleNamespace(config=cfg))
+    packed = sft.packing_supported(types.SimpleNamespace(config=cfg))
     name = torch.cuda.get_device_name()
     print(f"\n== one SFT step, random Qwen3.5-shaped {n_params / 1e9:.2f}B, {name} ==")
     print(f"batching {'packed' if packed else 'padded'}, {args.budget}-token micro-batch, bf16, activation "

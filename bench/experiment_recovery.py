@@ -56,8 +56,9 @@ class Config:
 
 
 def rollout_cfg(cfg: Config) -> C.RolloutConfig:
-    return C.RolloutConfig(cfg.max_turns, cfg.max_context, 60.0, 1.0, cfg.concurrency,
-                           C.SamplingConfig(1.0, 1.0, cfg.max_tokens))  # engine-level seed only
+    sampling = C.SamplingConfig(max_tokens=cfg.max_tokens)  # unseeded requests: the engine is seeded
+    return C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, command_timeout=60.0,
+                           concurrency=cfg.concurrency, sampling=sampling)
 
 
 def engine_for(cfg: Config, model: str | Path):
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             engine = engine_for(cfg, model)
             todo = [t for t in tasks.values() for _ in range(cfg.k)]
-            eps, _ = C.run_attempts(todo, engine, rollout_cfg(cfg), snapshot="failed")
+            eps, _ = C.run_attempts(todo, engine, rollout_cfg(cfg), commit="failed")
             del engine
             gc.collect()
             states = [C.FailureState.from_episode(ep, model) for ep in eps if ep.snapshot]

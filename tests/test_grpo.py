@@ -35,7 +35,8 @@ def test_group_advantages_by_hand():
 
 def test_uniform_groups_are_dropped_and_counted():
     ep = lambda r: C.Episode(task=None, messages=[], trace=C.TokenTrace(), reward=r)
-    groups = [[ep(1), ep(1)], [ep(0), ep(1)], [ep(0), ep(0)], [ep(0.5), ep(0)]]
+    groups = [G.Group("fork", str(i), "x", g) for i, g in
+              enumerate([[ep(1), ep(1)], [ep(0), ep(1)], [ep(0), ep(0)], [ep(0.5), ep(0)]])]
     kept, dropped = G.drop_uniform_groups(groups)
     assert dropped == 2 and kept == [groups[1], groups[3]]
 
@@ -82,13 +83,13 @@ def test_pool_sampling_prefers_unmastered_and_retires_mastered():
     hist = {"done": [1.0], "half": [0.5], "new": []}
     rng = random.Random(0)
     counts = {k: 0 for k in hist}
+    sampler = G.Pool(0.1, hist=hist)
     for _ in range(2000):
-        counts[G.sample_by_mastery(list(hist), hist, 1, 0.1, rng)[0]] += 1
+        counts[sampler.sample(list(hist), 1, rng)[0]] += 1
     assert counts["new"] > counts["half"] > counts["done"] > 0  # weights 1 : 0.5 : 0.1 (floor)
-    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--retire-after", "2", "--pool-max", "1"])
-    pool = {"states": {k: {"state": {"snapshot": f"reterm-none/{k}:x"}, "added": i} for i, k in
-                       enumerate(["a", "b", "c"])}, "hist": {"a": [1.0, 1.0], "b": [0.0], "c": [0.5]}}
-    assert G.pool_prune(pool, cfg) == ["a", "c"] and list(pool["states"]) == ["b"]
+    pool = G.Pool(0.1, states={k: {"state": {"snapshot": f"reterm-none/{k}:x"}, "added": i} for i, k in
+                               enumerate(["a", "b", "c"])}, hist={"a": [1.0, 1.0], "b": [0.0], "c": [0.5]})
+    assert pool.prune(retire_after=2, pool_max=1) == ["a", "c"] and list(pool.states) == ["b"]
 
 
 # ── a learning test: GRPO on a synthetic verifiable reward ─────────────────
@@ -123,7 +124,7 @@ def _bandit(model_dir, sign: float, steps: int = 6) -> list[float]:
                 trace = C.TokenTrace()
                 trace.add_context(prompt)
                 trace.add_sampled([a], [probs[a].log().item()], trained=True)
-                rows.append({"trace": trace, "adv": sign * adv.item()})
+                rows.append(G.Row(trace, sign * adv.item()))
         if rows:
             stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
             assert stats["train_tokens"] == len(rows) and 0 <= stats["clip_frac"] <= 1
@@ -159,18 +160,18 @@ def test_forked_rollout_mask_covers_only_the_recovery_attempts_sampled_tokens(ma
     rcfg = C.RolloutConfig(max_turns=2, max_context=8192, concurrency=4)
     with C.env_session():
         (ep,), _ = C.run_attempts([task], ScriptedEngine(tok, [call("echo no > /app/out.txt")] * 2), rcfg,
-                                  snapshot="failed")
+                                  commit="failed")
         state = C.FailureState.from_episode(ep)
         eng = ScriptedEngine(tok, [call("echo ok > /app/out.txt"), "Fixed."])
         groups, stats = C.run_recoveries([state], {task.name: task}, 2, eng, rcfg)
         C.remove_image(ep.snapshot)
-    rows = G.group_rows([("fork", state.id, state.category, groups[0])], use_std=False)
-    batch = C.collate([r["trace"] for r in rows], tok.pad_token_id)
+    rows = G.group_rows([G.Group("fork", state.id, state.category, groups[0])], use_std=False)
+    batch = C.collate([r.trace for r in rows], tok.pad_token_id)
     last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
     pending = state.messages[last + 1:] + [C.recovery_message(task.instruction)]
     start = len(state.ids) + len(C.delta_ids(tok, state.messages[: last + 1], pending))
     for rec, row, m in zip(groups[0], rows, batch["loss_mask"], strict=True):
-        assert rec.reward == 1.0 and row["adv"] == 0.0
+        assert rec.reward == 1.0 and row.adv == 0.0
         mask = rec.trace.mask
         assert rec.trace.ids[: len(state.ids)] == state.ids
         # the failed attempt, its late observations and the recovery message: context (0)
@@ -179,7 +180,7 @@ def test_forked_rollout_mask_covers_only_the_recovery_attempts_sampled_tokens(ma
         # exactly the tokens the engine sampled in this attempt, none of the observations
         sampled = [i for i, lp in enumerate(rec.trace.logprobs) if lp != 0.0]
         assert [i for i, v in enumerate(mask) if v] == sampled
-    assert sum(sum(r["trace"].mask) for r in rows) == stats["gen_tokens"]
+    assert sum(sum(r.trace.mask) for r in rows) == stats["gen_tokens"]
 
 
 def _has_containers() -> bool:
@@ -199,7 +200,7 @@ def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_tas
         engine = C.make_engine(engine_kind, tiny, dtype="float32", **kw)
         states = []
         for _ in range(4):
-            eps, _ = C.run_attempts([task] * 3, engine, rcfg, snapshot="failed")
+            eps, _ = C.run_attempts([task] * 3, engine, rcfg, commit="failed")
             states += [C.FailureState.from_episode(e, "tiny") for e in eps if e.snapshot]
             if states:
                 break
@@ -229,7 +230,7 @@ def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
     assert {"reward", "recovery_by_category", "groups_dropped", "pool", "rollout_s", "train_s",
             "tokens_per_s", "env_steps"} <= set(r)
     if r["groups_dropped"] < r["groups"]:
-        assert r["train_tokens"] > 0 and {"clip_frac", "approx_kl", "entropy"} <= set(r)
+        assert r["train_tokens"] > 0 and {"clip_frac", "approx_kl", "nll"} <= set(r)
     assert not _has_containers()
     G.main(args + ["--steps", "2"])
     assert "resumed after step 1" in capsys.readouterr().out
@@ -260,4 +261,4 @@ def test_failure_states_that_fill_the_context_are_skipped_at_load(make_task, tmp
     assert G.fits(short, tasks, tok, rcfg, 0) and not G.fits(long, tasks, tok, rcfg, 0)
     assert G.fits(long, tasks, tok, rcfg, 64)  # --min-recovery-tokens 64
     pool = G.init_pool(cfg, tmp_path, tasks, tok, rcfg)  # the short one's image is absent: skipped too
-    assert pool["skipped_long"] == 1 and "long" not in pool["states"]
+    assert pool.skipped_long == 1 and "long" not in pool.states

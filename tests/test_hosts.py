@@ -100,7 +100,7 @@ def _failure_states(tasks, path, hosts: str) -> list[C.FailureState]:
     tok = C.make_tiny_tokenizer()
     rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8)
     eps, _ = C.run_attempts(list(tasks.values()), ScriptedEngine(tok, [call("echo no > /app/out.txt")]),
-                            rcfg, snapshot="failed")
+                            rcfg, commit="failed")
     states = [C.FailureState.from_episode(ep, "scripted") for ep in eps]
     assert all(s.snapshot for s in states)
     for s in states:
@@ -115,7 +115,7 @@ def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, 
         # one engine: states and forks on the default engine
         base = _failure_states(tasks, tmp_path / "f1.jsonl", "")
         pool1, groups1, _ = _grpo_step(tasks, tmp_path / "f1.jsonl", tmp_path / "g1", "")
-        for s in list(pool1["states"].values()) + [{"state": dataclasses.asdict(s)} for s in base]:
+        for s in list(pool1.states.values()) + [{"state": dataclasses.asdict(s)} for s in base]:
             C.remove_image(s["state"]["snapshot"])
         # two engines: every state on the second one (2 slots), so its 6 forks want 2 more slots
         states = _failure_states(tasks, tmp_path / "f2.jsonl", f"{d2}#2")
@@ -123,7 +123,7 @@ def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, 
         pool2, groups2, stats = _grpo_step(tasks, tmp_path / "f2.jsonl", tmp_path / "g2",
                                            f"{C._default_url()}#2,{d2}#2")
         hosts = C.HOSTS
-        forks = [(pool2["states"][key]["state"]["snapshot"], ep) for _, key, _, g in groups2 for ep in g]
+        forks = [(pool2.states[g.key]["state"]["snapshot"], ep) for g in groups2 for ep in g.episodes]
         assert len(forks) == 6 and stats["env_errors"] == 0
         for image, ep in forks:  # each fork ran on an engine that held its snapshot
             assert ep.host in hosts.where[image]
@@ -132,11 +132,11 @@ def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, 
         assert moved and hosts.counts["moves"] >= 1 and stats["moves"] == hosts.counts["moves"]
         assert hosts.counts["forks_home"] + hosts.counts["forks_moved"] == 6
         assert hosts.counts["move_bytes"] > 0
-        for s in pool2["states"].values():  # the pool's tags: every copy
+        for s in pool2.states.values():  # the pool's tags: every copy
             C.remove_image(s["state"]["snapshot"])
         for s in states:  # stage 03's snapshots, made under another Hosts: say where
             C.remove_image(s.snapshot, s.host)
-    rewards = [{key: [ep.reward for ep in g] for _, key, _, g in gs} for gs in (groups1, groups2)]
+    rewards = [{g.key: g.rewards for g in gs} for gs in (groups1, groups2)]
     assert rewards[0] == rewards[1]
     assert sorted(map(tuple, rewards[1].values())) == [(0.0,) * 3, (1.0,) * 3]
     ours = [s.snapshot for s in base + states] + [  # the default engine is shared: only ours count
@@ -181,11 +181,11 @@ def test_losing_an_engine_mid_step_ends_its_episodes_and_states_only(make_task, 
             groups, stats, _ = G.collect(1, cfg_args, pool, tasks, engine, rcfg)
             by_host = {s.id: s.host for s in states}
             assert C.HOSTS.counts["hosts_lost"] == 1 and C.HOSTS.live() == [None]
-            assert stats["states_lost"] == 2 and {by_host[k] for k in pool["states"]} == {None}
+            assert stats["states_lost"] == 2 and {by_host[k] for k in pool.states} == {None}
             assert stats["env_errors"] == 4  # the 2 x 2 forks of the lost engine's states
-            for _, key, _, g in groups:  # the other engine's groups ran to the end
-                assert [ep.reward for ep in g] == ([1.0, 1.0] if by_host[key] is None else [])
-            for s in pool["states"].values():
+            for g in groups:  # the other engine's groups ran to the end
+                assert g.rewards == ([1.0, 1.0] if by_host[g.key] is None else [])
+            for s in pool.states.values():
                 C.remove_image(s["state"]["snapshot"])
             for s in (s for s in states if s.host is None):  # the lost engine's are gone with it
                 C.remove_image(s.snapshot)

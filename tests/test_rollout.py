@@ -54,7 +54,7 @@ def test_failure_snapshot_and_forked_recovery(make_task, tok):
     script = [call("echo wrong > /app/out.txt && cd /tmp"), call("ls /app")] * 3
     eng = ScriptedEngine(tok, script)
     with C.env_session():
-        (ep,), _ = C.run_attempts([task], eng, cfg(max_turns=2), snapshot="failed")
+        (ep,), _ = C.run_attempts([task], eng, cfg(max_turns=2), commit="failed")
         assert (ep.reward, ep.end, ep.category) == (0.0, "max_turns", "max_turns")
         assert C.docker_client().images.get(ep.snapshot).labels["reterm.keep"] == "1"
         state = C.FailureState.from_episode(ep, "scripted")

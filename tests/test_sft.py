@@ -146,7 +146,7 @@ def test_best_fit_packing_and_buckets():
     bins = sft.best_fit(lengths, 10, list(range(7)))
     assert sorted(i for b in bins for i in b) == list(range(7))
     assert all(sum(lengths[i] for i in b) <= 10 for b in bins) and len(bins) == 4  # 32 tokens
-    groups = sft.length_buckets(lengths, 10, list(range(7)))
+    groups = C.length_buckets(lengths, 10, list(range(7)))
     assert all(len(g) * max(lengths[i] for i in g) <= 10 for g in groups)
 
 
@@ -160,7 +160,7 @@ def test_packed_rows_see_only_themselves(models):
               for n in (7, 12, 5)]
     for arch, exact in (("qwen3", True), ("qwen3_5", False)):
         model = C.load_model(models[arch])
-        assert C.packing_supported(model) is exact
+        assert sft.packing_supported(model) is exact
         packed = C.token_logprobs(model, C.collate(traces, 0, packed=True, width=30))[0]
         alone = torch.cat([C.token_logprobs(model, C.collate([t], 0))[0] for t in traces])
         assert torch.allclose(packed[:24], alone, atol=1e-5) is exact
@@ -279,7 +279,7 @@ def test_empty_dataset_and_missing_paths(models, tmp_path):
 
 def test_final_folder_loads_in_vllm_and_generates(models, data, tmp_path):
     pytest.importorskip("vllm")
-    # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes (DESIGN §6): use Qwen3.
+    # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes: use Qwen3.
     final = run(data, models["qwen3"], tmp_path / "run", "--max-steps", "2")
     engine = C.VLLMEngine(final, dtype="float32", max_model_len=1024)
     prompt = C.render_ids(engine.tokenizer, C.initial_messages(INSTRUCTION), add_generation_prompt=True)
