@@ -628,8 +628,8 @@ class Env:
     def __enter__(self) -> Env:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(abandon=exc_type is not None)
 
     def _exec(self, argv: list[str], deadline: float, env: dict | None = None) -> tuple[int, bytes] | None:
         """exec_run with a host-side deadline (docker-py has none: a hung exec would block for the
@@ -1848,11 +1848,18 @@ class RolloutPool:
         return {**self.counts, "gen_s": round(busy, 2), "wall_s": round(wall, 2),
                 "engine_idle_frac": round(max(0.0, 1 - busy / wall), 3) if wall > 0 else 0.0}
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Stop the engine threads. abandon=True (Ctrl-C, SIGTERM, an error): remove this run's
+        containers, so every command and verifier in flight returns at once, then wait for the slot
+        threads, which remove the snapshots they made meanwhile (nobody will own those)."""
         self.closed.set()
         for q in self.queues.values():
             q.close()
-        self.slots.shutdown(wait=False, cancel_futures=True)
+        if abandon:
+            for host in HOSTS.live():
+                with suppress(Exception):
+                    reap(RUN_ID, snapshots=False, host=host)
+        self.slots.shutdown(wait=abandon, cancel_futures=True)
 
     @staticmethod
     def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:

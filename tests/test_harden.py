@@ -155,7 +155,7 @@ class KillerOrSolver:
     def __init__(self):
         self.tokenizer = C.make_tiny_tokenizer()
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         gens = []
         for p in prompts:
             seen = self.tokenizer.decode(p)

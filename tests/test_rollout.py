@@ -200,7 +200,7 @@ def test_dead_container_and_failed_start_are_error_rows(make_task, tmp_path, tok
 
 def test_sigterm_during_async_policy_rollout_leaves_nothing_behind(make_task, tmp_path):
     model = C.make_tiny_model(tmp_path / "tiny", arch="qwen3")
-    make_task("hang", test="sleep 1000\n")  # every trial ends in a verifier that never returns
+    make_task("hang-async", test="sleep 1000\n")  # every trial ends in a verifier that never returns
     cmd = [sys.executable, str(C.ROOT / "05_eval_tb2.py"), "--tasks", str(tmp_path / "tasks"),
            "--out", str(tmp_path / "ev"), "--agent", "policy", "--model", str(model), "--engine", "hf",
            "--dtype", "float32", "--max-tokens", "8", "--max-turns", "1", "--trials", "3",
@@ -209,11 +209,11 @@ def test_sigterm_during_async_policy_rollout_leaves_nothing_behind(make_task, tm
     mine = lambda **kw: C.docker_client().containers.list(  # noqa: E731
         all=True, filters={"label": [f"{k.replace('_', '.')}={v}" for k, v in kw.items()]})
     deadline = time.monotonic() + 120
-    while len(mine(reterm_task="hang")) < 3 and time.monotonic() < deadline and p.poll() is None:
+    while len(mine(reterm_task="hang-async")) < 3 and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.3)
-    assert len(mine(reterm_task="hang")) == 3
+    assert len(mine(reterm_task="hang-async")) == 3
     time.sleep(2.0)  # snapshots committed, verifiers running
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=90)
-    assert not mine(reterm_task="hang"), p.stdout.read().decode()[-2000:]
-    assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.task=hang"]})
+    assert not mine(reterm_task="hang-async"), p.stdout.read().decode()[-2000:]
+    assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.task=hang-async"]})
