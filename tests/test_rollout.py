@@ -216,4 +216,5 @@ def test_sigterm_during_async_policy_rollout_leaves_nothing_behind(make_task, tm
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=90)
     assert not mine(reterm_task="hang-async"), p.stdout.read().decode()[-2000:]
-    assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.task=hang-async"]})
+    snapshots = {"label": ["reterm.kind=snapshot", "reterm.task=hang-async"]}
+    assert not C.docker_client().images.list(filters=snapshots)
