@@ -85,6 +85,7 @@ class Config:
     dtype: str = "bfloat16"  # engine weights' dtype
     gpu_memory_utilization: float = 0.35  # vLLM's share of GPU 0 (colocated with training)
     sleep: bool = True  # GPU: put vLLM to sleep (level 1) while training
+    verify_fresh: bool = False  # rewards from a fresh fork of each attempt: no agent process can forge them
     env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
     save_every: int = 10  # checkpoint every N steps (and at the end)
     keep_pool: bool = False  # keep the pool's snapshot images after the last step (to go on later)
@@ -475,7 +476,8 @@ def rollout_settings(cfg: Config) -> tuple[C.Scaffold, C.RolloutConfig]:
     scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
                                max_context=cfg.max_context, command_timeout=cfg.command_timeout)
     sampling = C.SamplingConfig(temperature=cfg.temperature)  # unseeded requests: the engine is seeded
-    return scaffold, C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
+    rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
+    return scaffold, dataclasses.replace(rcfg, verify_fresh=cfg.verify_fresh)
 
 
 def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, world: int, gpu: bool):

@@ -1597,6 +1597,7 @@ class RolloutConfig:
     system_prompt: str = SYSTEM_PROMPT  # the rest of the scaffold (see Scaffold)
     recovery_prompt: str = RECOVERY_PROMPT
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    verify_fresh: bool = False  # verify in a fresh fork of the pre-verify snapshot (no agent process left)
 
 
 def rollout_config(s: Scaffold, sampling: SamplingConfig, concurrency: int, timeout_multiplier: float = 1.0
@@ -1924,7 +1925,7 @@ def _finish(ep: Episode, env: Env, commit: str, cfg: RolloutConfig) -> None:
     """Snapshot (before the verifier touches anything), verify, classify a failure."""
     if commit != "none":
         ep.snapshot = env.snapshot(keep=commit == "failed")
-    v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier)
+    v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier, fresh=cfg.verify_fresh)
     ep.reward, ep.verify_error, ep.verify_output = v.reward, v.error, v.output
     if ep.reward < 1.0:
         ep.category = classify_failure(ep)
