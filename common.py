@@ -628,8 +628,8 @@ class Env:
     def __enter__(self) -> Env:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.close(abandon=exc_type is not None)
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _exec(self, argv: list[str], deadline: float, env: dict | None = None) -> tuple[int, bytes] | None:
         """exec_run with a host-side deadline (docker-py has none: a hung exec would block for the
@@ -1820,8 +1820,8 @@ class RolloutPool:
     def __enter__(self) -> RolloutPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(abandon=exc_type is not None)
 
     def submit(self, ep: Episode, image: str | None = None, commit: str = "none", tag: Any = None,
                engine: Any = None) -> Future:
