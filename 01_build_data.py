@@ -321,21 +321,19 @@ def api_episode(cfg: Config, env: C.Env, messages: list[dict]) -> list[dict]:
         if not calls:  # servers without a tool parser leave the calls in the text
             calls, err = C.parse_tool_calls(content)
             content = content.split("<tool_call>")[0].strip() if calls else content
-        if calls:
-            f = calls[0].get("function", calls[0])
+        if calls:  # the rollout's rules, whatever format the server used
+            f = calls[0].get("function", calls[0]) if isinstance(calls[0], dict) else {}
             try:
-                args = f.get("arguments") or {}
-                args = json.loads(args) if isinstance(args, str) else args
-                assert f.get("name") == "bash" and isinstance(args.get("command"), str)
-            except (ValueError, AssertionError, AttributeError):
-                err = "malformed tool call: the only tool is `bash`, with a string `command`"
+                call = C.tool_call(f.get("name"), f.get("arguments") or {})
+                command = call["function"]["arguments"]["command"]
+            except ValueError as e:
+                err = f"malformed tool call: {e}"
         if err:
-            new += [{"role": "assistant", "content": content}, {"role": "user", "content": f"ERROR: {err}. "
-                     "Call the bash tool, or answer without a tool call if done."}]
+            new += [{"role": "assistant", "content": content}, C.malformed_turn(err)]
             continue
         if not calls:
             return new + [{"role": "assistant", "content": content}]
-        act(env, new, content, args["command"], cfg.command_timeout)
+        act(env, new, content, command, cfg.command_timeout)
     return new
 
 
@@ -429,13 +427,10 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer, scaffold: C.
 
 # ── --import: released ReTerm-10K rows ──────────────────────────────────────
 
-ROLES = {"system", "user", "assistant", "tool"}
-
-
 def convert_message(m: object, j: int) -> dict:
     """One released message -> ours (content parts joined, arguments as dicts, call ids dropped)."""
-    if not isinstance(m, dict) or m.get("role") not in ROLES:
-        raise ValueError(f"message {j}: needs a role in {sorted(ROLES)}")
+    if not isinstance(m, dict) or m.get("role") not in C.ROLES:
+        raise ValueError(f"message {j}: needs a role in {sorted(C.ROLES)}")
     content = m.get("content")
     if isinstance(content, list):  # OpenAI content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -470,10 +465,7 @@ def convert_row(raw: object) -> dict:
         raise ValueError(f"target_attempt_index must be 2, got {raw['target_attempt_index']!r}")
     messages = [convert_message(m, j) for j, m in enumerate(raw["messages"])]
     tfi = raw["train_from_message_index"]
-    if not 0 < tfi < len(messages):
-        raise ValueError(f"train_from_message_index {tfi} outside 1..{len(messages) - 1}")
-    if not any(m["role"] == "assistant" for m in messages[tfi:]):
-        raise ValueError("no assistant message after train_from_message_index (nothing to train on)")
+    C.check_row({"messages": messages, "train_from_message_index": tfi})
     sha = raw.get("trajectory_sha256") or trajectory_sha256(messages)
     if not re.fullmatch(r"[0-9a-f]{64}", sha):
         raise ValueError("trajectory_sha256 must be 64 hex digits")

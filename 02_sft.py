@@ -64,36 +64,6 @@ class Config:
 
 # ── data ────────────────────────────────────────────────────────────────────
 
-ROLES = {"system", "user", "assistant", "tool"}
-
-
-def check_row(row: object, where: str, all_assistant: bool) -> None:
-    """The released ReTerm-10K row layout; raises ValueError naming the row."""
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-    where = f"{where} (id={row.get('id')!r})"
-    msgs = row.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ValueError(f"{where}: 'messages' must be a non-empty list")
-    for j, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise ValueError(f"{where}: messages[{j}] needs a role in {sorted(ROLES)}")
-        content = m.get("content")
-        if not isinstance(content or "", str) or (content is None and m["role"] != "assistant"):
-            raise ValueError(f"{where}: messages[{j}] ({m['role']}) needs string content")
-        if not isinstance(m.get("tool_calls") or [], list):
-            raise ValueError(f"{where}: messages[{j}].tool_calls must be a list")
-    idx = row.get("train_from_message_index")
-    if idx is None and all_assistant:
-        return
-    if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
-        raise ValueError(f"{where}: 'train_from_message_index' must be an integer >= 0, got {idx!r}")
-    if idx >= len(msgs):
-        raise ValueError(f"{where}: train_from_message_index {idx} is past the end ({len(msgs)} messages)")
-    if not any(m["role"] == "assistant" for m in msgs[idx:]):
-        raise ValueError(f"{where}: no assistant message at or after train_from_message_index {idx}")
-
-
 def load_rows(path: str, all_assistant: bool) -> list[dict]:
     """Every row, checked: a bad one is a one-line DataError naming file:line (a torn last line too)."""
     if not Path(path).is_file():
@@ -103,9 +73,10 @@ def load_rows(path: str, all_assistant: bool) -> list[dict]:
     lines = [i + 1 for i, line in enumerate(text.splitlines()) if line.strip()]
     for line, row in zip(lines, rows, strict=True):
         try:
-            check_row(row, f"{path}:{line}", all_assistant)
+            C.check_row(row, all_assistant)
         except ValueError as e:
-            raise C.DataError(str(e)) from None
+            where = f"{path}:{line}" + (f" (id={row.get('id')!r})" if isinstance(row, dict) else "")
+            raise C.DataError(f"{where}: {e}") from None
     return rows
 
 

@@ -1098,21 +1098,33 @@ def _parse_one_call(body: str) -> dict:
         if not isinstance(obj, dict):
             raise ValueError("tool call JSON must be an object")
         name, args = obj.get("name"), obj.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                raise ValueError("tool call arguments are not valid JSON") from None
     else:
         m = _XML_FUNCTION.match(body)
         if not m:
             raise ValueError("tool call must be <function=NAME>...</function> or a JSON object")
         name, args = m.group(1).strip(), dict(_XML_PARAM.findall(m.group(2)))
+    return tool_call(name, args)
+
+
+def tool_call(name: Any, args: Any) -> dict:
+    """The one rule set for a bash call, whatever it came in (our parser's XML or JSON, or an API's
+    structured tool_calls, arguments as a dict or a JSON string): an OpenAI-style call, or ValueError."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            raise ValueError("tool call arguments are not valid JSON") from None
     if name != BASH_TOOL["function"]["name"]:
         raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
     if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
         raise ValueError("the bash tool needs a non-empty string 'command' argument")
     return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+def malformed_turn(error: str) -> dict:
+    """What the agent is told after output that is neither a valid tool call nor an answer."""
+    return {"role": "user", "content": f"ERROR: {error}. Call the bash tool in the format shown in the "
+            "system prompt, or answer without a tool call if done."}
 
 
 def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
@@ -1300,6 +1312,39 @@ class TokenTrace:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+def check_row(row: object, all_assistant: bool = False) -> None:
+    """The one check of a ReTerm-10K row (stage 01's imports, stage 02's data): messages with known
+    roles and string content, and messages[train_from_message_index:] holding an assistant turn to
+    train on after at least one message of context (the failed attempt). all_assistant: ordinary
+    trajectories, where the index may be absent. ValueError says what is wrong."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+    msgs = row.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError("'messages' must be a non-empty list")
+    for j, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ValueError(f"messages[{j}] needs a role in {sorted(ROLES)}")
+        content = m.get("content")
+        if not isinstance(content or "", str) or (content is None and m["role"] != "assistant"):
+            raise ValueError(f"messages[{j}] ({m['role']}) needs string content")
+        if not isinstance(m.get("tool_calls") or [], list):
+            raise ValueError(f"messages[{j}].tool_calls must be a list")
+    idx = row.get("train_from_message_index")
+    if idx is None and all_assistant:
+        return
+    if not isinstance(idx, int) or isinstance(idx, bool) or idx < (0 if all_assistant else 1):
+        raise ValueError(f"'train_from_message_index' must be an integer >= {0 if all_assistant else 1}, "
+                         f"got {idx!r}")
+    if idx >= len(msgs):
+        raise ValueError(f"train_from_message_index {idx} is past the end ({len(msgs)} messages)")
+    if not any(m["role"] == "assistant" for m in msgs[idx:]):
+        raise ValueError(f"no assistant message at or after train_from_message_index {idx}")
 
 
 def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_index: int | None = None,
@@ -1705,8 +1750,7 @@ def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutCon
             ep.end = "answered"
             return 0.0
         ep.malformed += 1
-        ep.messages.append({"role": "user", "content": f"ERROR: {error}. Call the bash tool in the "
-                            "format shown in the system prompt, or answer without a tool call if done."})
+        ep.messages.append(malformed_turn(error))
         return 0.0
     content = text[: text.index("<tool_call>")].strip()
     ep.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
