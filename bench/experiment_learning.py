@@ -66,7 +66,7 @@ class Config:
     recovery_samples: int = 2  # Recovery@1: forks per held-out failure state
     eval_trials: int = 2  # 05: trials per held-out task
     max_turns: int = 6  # assistant turns per attempt
-    max_tokens: int = 64  # tokens per assistant turn
+    max_tokens: int = 160  # tokens per assistant turn (oracle turns: median 54, max 140 tokens)
     max_context: int = 4096  # tokens per attempt (+ recovery)
     engine: str = "vllm"  # vllm | hf
     concurrency: int = 8  # containers at once
