@@ -53,8 +53,8 @@ class Config:
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
     faults_per_task: int = 3  # 01: verified recovery rows per train task
-    sft_steps: int = 120  # 02 optimizer steps
-    sft_lr: float = 3e-3  # 02 peak learning rate (a from-scratch model)
+    sft_steps: int = 150  # 02 optimizer steps
+    sft_lr: float = 6e-3  # 02 peak learning rate (from scratch; 3e-3 left a 64-wide model at loss 0.8)
     sft_batch_tokens: int = 8192  # 02 padded tokens per step
     attempts: int = 2  # 03: attempts per task (held-out and train)
     grpo_steps: int = 8  # 04 fork-mode steps in all
