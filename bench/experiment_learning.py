@@ -1,0 +1,346 @@
+"""Does ReTerm-GRPO learn? Fork vs standard GRPO on the micro task family, held-out tasks.
+
+    python bench/experiment_learning.py --out DIR [--seeds 3]
+
+Every stage is the real script, run as a subprocess:
+  tasks  bench/microtasks.py writes train/ and held-out/ tasks (split by parameters, fixed seed);
+  01     oracle recovery demonstrations on the TRAIN tasks only;
+  per seed s (model init, data order, sampling):
+  02     SFT of a random-init Qwen3 (bench/microtasks.make_model) on those rows, every assistant turn
+         (--all-assistant): the faulty first attempts teach the policy to slip the way the oracle's
+         faults do, the recoveries teach it to repair — so the SFT policy fails some tasks by itself;
+  05     base Pass@1 on held-out (temperature 1);
+  03     failure states of the SFT policy on held-out (their pass rate is the SFT Pass@1 at
+         temperature 1; the states are the fixed Recovery@1 benchmark) and on train (the GRPO pool);
+  04     --mode fork on the train pool, in chunks of --eval-every steps (resumed); after each chunk
+         --mode standard on the train tasks is run up to the same cumulative environment steps
+         (--env-step-budget), so both modes are compared at an equal environment-step budget;
+  eval   after each chunk, both policies: Recovery@1 = --recovery-samples forks of every held-out
+         failure state of the SFT policy (the same states for every policy), and 05 Pass@1 on
+         held-out (temperature 1, --eval-trials per task).
+Nothing is tuned on held-out: its tasks appear in no SFT row, no failure pool and no GRPO group.
+Writes DIR/results.json, DIR/learning.png and every stage's own outputs under DIR/seed<s>/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import microtasks  # noqa: E402
+
+import common as C  # noqa: E402
+
+
+@dataclasses.dataclass
+class Config:
+    """Fork vs standard ReTerm-GRPO on generated micro tasks; held-out Recovery@1 and Pass@1."""
+
+    out: str = "runs/experiment_learning"  # work folder (tasks, data, seed<s>/, results.json, learning.png)
+    seeds: int = 3  # seeds 0..K-1 (model init, SFT order, sampling); tasks and split stay fixed
+    n_tasks: int = 64  # micro tasks generated (train + held out)
+    heldout_frac: float = 0.25  # share of (src, dst) name pairs held out
+    task_seed: int = 0  # the task parameters and the split (fixed across seeds)
+    hidden: int = 128  # policy hidden size (head_dim 32)
+    layers: int = 4  # policy transformer blocks
+    faults_per_task: int = 3  # 01: verified recovery rows per train task
+    sft_steps: int = 150  # 02 optimizer steps
+    sft_lr: float = 6e-3  # 02 peak learning rate (from scratch; 3e-3 left a 64-wide model at loss 0.8)
+    sft_batch_tokens: int = 8192  # 02 padded tokens per step
+    attempts: int = 2  # 03: attempts per task (held-out and train)
+    grpo_steps: int = 8  # 04 fork-mode steps in all
+    eval_every: int = 4  # 04 steps per chunk (an evaluation point after each)
+    batch_states: int = 4  # 04 B: groups per step
+    group_size: int = 4  # 04 G: attempts per group
+    fresh_frac: float = 0.25  # 04 fork mode: share of fresh-start groups feeding the pool
+    grpo_lr: float = 3e-4  # 04 learning rate
+    recovery_samples: int = 2  # Recovery@1: forks per held-out failure state
+    eval_trials: int = 2  # 05: trials per held-out task
+    max_turns: int = 6  # assistant turns per attempt
+    max_tokens: int = 160  # tokens per assistant turn (oracle turns: median 54, max 140 tokens)
+    max_context: int = 4096  # tokens per attempt (+ recovery)
+    engine: str = "vllm"  # vllm | hf
+    concurrency: int = 8  # containers at once
+    bootstrap: int = 2000  # bootstrap resamples for ci95
+
+
+def sh(args: list, log: Path) -> None:
+    """Run one stage script (cwd = the repository) with its output in `log`; fail loudly."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, *map(str, args)]
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env=os.environ | {"VLLM_LOGGING_LEVEL": "WARNING"}).returncode
+    if rc:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(map(str, args[:1]))} exited {rc}; log {log}:\n{tail}")
+
+
+def roll_flags(cfg: Config) -> list:
+    return ["--engine", cfg.engine, "--max-turns", cfg.max_turns, "--max-tokens", cfg.max_tokens,
+            "--max-context", cfg.max_context, "--concurrency", cfg.concurrency, "--command-timeout", 30]
+
+
+def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: int) -> list[float]:
+    """One 0/1 per (held-out failure state, sample): `samples` recovery attempts forked from each."""
+    import gc
+    import importlib
+
+    grpo = importlib.import_module("04_reterm_grpo")
+    states = grpo.load_failures(failures)
+    if not states:
+        return []
+    by_name = {t.name: t for t in C.load_tasks(tasks)}
+    kw = {"max_model_len": cfg.max_context, "seed": seed} if cfg.engine == "vllm" else {}
+    engine = C.make_engine(cfg.engine, model, dtype="float32", **kw)
+    rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, 30.0, 1.0, cfg.concurrency,
+                           C.SamplingConfig(1.0, 1.0, cfg.max_tokens))
+    with C.env_session():
+        groups, _ = C.run_recoveries(states, by_name, cfg.recovery_samples, engine, rcfg)
+    del engine
+    gc.collect()
+    return [float(ep.reward >= 1.0) for g in groups for ep in g]
+
+
+def pass_at_1(cfg: Config, model: Path, tasks: Path, out: Path, seed: int, log: Path) -> float:
+    sh(["05_eval_tb2.py", "--tasks", tasks, "--agent", "policy", "--model", model, "--out", out,
+        "--dtype", "float32", "--temperature", 1.0, "--top-p", 1.0, "--trials", cfg.eval_trials,
+        "--seed", seed, *roll_flags(cfg)], log)
+    return json.loads((out / "summary.json").read_text())["pass_at_1"]
+
+
+def grpo_chunk(cfg: Config, mode: str, sft: Path, out: Path, steps: int, budget: int, train_dir: Path,
+               failures: Path, seed: int, last: bool, log: Path) -> int:
+    """Run (or resume) 04 up to `steps` steps / `budget` env steps; returns its env steps so far."""
+    args = ["04_reterm_grpo.py", "--model", sft, "--out", out, "--tasks", train_dir, "--mode", mode,
+            "--steps", steps, "--env-step-budget", budget, "--batch-states", cfg.batch_states,
+            "--group-size", cfg.group_size, "--fresh-frac", cfg.fresh_frac, "--lr", cfg.grpo_lr,
+            "--dtype", "float32", "--seed", seed, "--save-every", 1, *roll_flags(cfg)]
+    if mode == "fork":
+        args += ["--failures", failures]
+    if not last:  # the pool's snapshots must outlive this chunk: the next one resumes from them
+        args += ["--keep-pool"]
+    sh(args, log)
+    rows = C.read_jsonl(out / "metrics.jsonl")
+    return rows[-1]["env_steps_total"] if rows else 0
+
+
+def remove_snapshots(*failure_files: Path) -> None:
+    for f in failure_files:
+        for row in C.read_jsonl(f):
+            C.remove_image(row["snapshot"])
+
+
+def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
+    out = Path(cfg.out) / f"seed{seed}"
+    log = out / "log.txt"
+    train_dir, held_dir = tasks / "train", tasks / "heldout"
+    res: dict = {"seed": seed, "wall_s": {}}
+    t = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        res["wall_s"][name] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        C.log0(f"seed {seed}: {name} done ({res['wall_s'][name]:.0f} s)")
+
+    base = out / "base"
+    if not (base / "config.json").exists():
+        microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed)
+    if not (out / "sft/final/config.json").exists():
+        sh(["02_sft.py", "--data", data, "--model", base, "--out", out / "sft", "--max-steps", cfg.sft_steps,
+            "--lr", cfg.sft_lr, "--warmup-steps", max(1, cfg.sft_steps // 12), "--max-len", cfg.max_context,
+            "--micro-batch-tokens", cfg.sft_batch_tokens, "--grad-accum", 1, "--save-every", 0,
+            "--all-assistant", "--no-activation-checkpointing", "--seed", seed], log)
+    sft = out / "sft/final"
+    sft_rows = C.read_jsonl(out / "sft/metrics.jsonl")
+    res["sft_loss"] = [sft_rows[0]["loss"], sft_rows[-1]["loss"]]
+    lap("sft")
+    res["base_pass_at_1"] = pass_at_1(cfg, base, held_dir, out / "eval_base", seed, log)
+    lap("eval_base")
+    fail = {}
+    for part, d in (("heldout", held_dir), ("train", train_dir)):
+        sh(["03_collect_failures.py", "--tasks", d, "--model", sft, "--out", out / f"failures_{part}",
+            "--attempts", cfg.attempts, "--seed", seed, "--temperature", 1.0, *roll_flags(cfg)], log)
+        fail[part] = out / f"failures_{part}/failures.jsonl"
+        fail[part].touch()
+        summary = json.loads((out / f"failures_{part}/summary.json").read_text())
+        res[f"sft_{part}_pass_at_1"] = summary["pass_rate"]
+    res["sft_pass_at_1"] = res["sft_heldout_pass_at_1"]
+    res["n_heldout_failures"] = len(C.read_jsonl(fail["heldout"]))
+    lap("collect_failures")
+    try:
+        before = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
+        res["recovery_before"] = before
+        res["heldout_recovery_before"] = sum(before) / max(1, len(before))
+        lap("recovery_before")
+        curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
+                      "pass_at_1": res["sft_pass_at_1"]}] for m in ("fork", "standard")}
+        res["recovery_after_samples"], res["env_steps"] = {}, {}
+        n_chunks = -(-cfg.grpo_steps // cfg.eval_every)
+        for c in range(1, n_chunks + 1):
+            last = c == n_chunks
+            steps = min(cfg.grpo_steps, c * cfg.eval_every)
+            budget = grpo_chunk(cfg, "fork", sft, out / "fork", steps, 0, train_dir, fail["train"], seed,
+                                last, log)
+            std = grpo_chunk(cfg, "standard", sft, out / "standard", 10**6, budget, train_dir, fail["train"],
+                             seed, last, log)
+            lap(f"grpo_chunk{c}")
+            for mode, steps_used in (("fork", budget), ("standard", std)):
+                rec = recovery_at_1(cfg, out / mode / "final", fail["heldout"], held_dir, seed)
+                p = pass_at_1(cfg, out / mode / "final", held_dir, out / f"eval_{mode}_{c}", seed, log)
+                curve[mode].append({"env_steps": steps_used, "recovery": sum(rec) / max(1, len(rec)),
+                                    "pass_at_1": p})
+                res["recovery_after_samples"][mode] = rec
+                res["env_steps"][mode] = steps_used
+            lap(f"eval_chunk{c}")
+        res["curve"] = curve
+        res["heldout_recovery_after"] = {m: curve[m][-1]["recovery"] for m in curve}
+        res["heldout_pass_at_1_after"] = {m: curve[m][-1]["pass_at_1"] for m in curve}
+        res["nonuniform_group_frac"] = {}
+        for mode in ("fork", "standard"):
+            rows = C.read_jsonl(out / mode / "metrics.jsonl")
+            groups = sum(r["groups"] for r in rows)
+            res["nonuniform_group_frac"][mode] = 1 - sum(r["groups_dropped"] for r in rows) / max(1, groups)
+            res[f"train_reward_{mode}"] = [(r["env_steps_total"], r["reward"]) for r in rows]
+    finally:
+        remove_snapshots(fail["heldout"], fail["train"])
+    return res
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def bootstrap(per_seed: list[dict], stat, n: int, rng: random.Random) -> list[float]:
+    """95% interval of stat(list of resampled seed results): seeds are resampled, and within each
+    seed the held-out failure states' recovery samples are resampled (both sources of noise)."""
+    vals = []
+    for _ in range(n):
+        seeds = [rng.choice(per_seed) for _ in per_seed]
+        draws = []
+        for s in seeds:
+            d = dict(s)
+            for key in ("before", "fork", "standard"):
+                xs = s["recovery_before"] if key == "before" else s["recovery_after_samples"][key]
+                d[key] = mean([rng.choice(xs) for _ in xs]) if xs else float("nan")
+            draws.append(d)
+        vals.append(stat(draws))
+    vals.sort()
+    return [vals[int(0.025 * (n - 1))], vals[int(0.975 * (n - 1))]]
+
+
+def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
+    modes = ("fork", "standard")
+    def avg(key: str) -> dict:
+        return {m: mean([s[key][m] for s in per_seed]) for m in modes}
+
+    res = {
+        "seeds": [s["seed"] for s in per_seed],
+        "heldout_tasks": split["heldout"], "train_tasks": split["train"],
+        "sft_pass_at_1": mean([s["sft_pass_at_1"] for s in per_seed]),
+        "sft_train_pass_at_1": mean([s["sft_train_pass_at_1"] for s in per_seed]),
+        "base_pass_at_1": mean([s["base_pass_at_1"] for s in per_seed]),
+        "heldout_recovery_before": mean([s["heldout_recovery_before"] for s in per_seed]),
+        "heldout_recovery_after": avg("heldout_recovery_after"),
+        "heldout_pass_at_1_after": avg("heldout_pass_at_1_after"),
+        "env_steps": {m: round(mean([s["env_steps"][m] for s in per_seed])) for m in modes},
+        "nonuniform_group_frac": avg("nonuniform_group_frac"),
+    }
+    rng = random.Random(0)
+    res["ci95"] = {
+        "heldout_recovery_before": bootstrap(per_seed, lambda d: mean([x["before"] for x in d]),
+                                             cfg.bootstrap, rng),
+        **{f"heldout_recovery_after_{m}": bootstrap(per_seed, lambda d, m=m: mean([x[m] for x in d]),
+                                                    cfg.bootstrap, rng) for m in modes},
+        **{f"recovery_gain_{m}": bootstrap(per_seed, lambda d, m=m: mean([x[m] - x["before"] for x in d]),
+                                           cfg.bootstrap, rng) for m in modes},
+        "recovery_fork_minus_standard": bootstrap(
+            per_seed, lambda d: mean([x["fork"] - x["standard"] for x in d]), cfg.bootstrap, rng)}
+    res["per_seed"] = per_seed
+    res["config"] = dataclasses.asdict(cfg)
+    return res
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = ((axes[0], "recovery", "held-out Recovery@1"), (axes[1], "pass_at_1", "held-out Pass@1"))
+    for ax, key, title in panels:
+        for mode, color in (("fork", "tab:red"), ("standard", "tab:blue")):
+            curves = [s["curve"][mode] for s in res["per_seed"]]
+            n = min(map(len, curves))
+            xs = [mean([c[i]["env_steps"] for c in curves]) for i in range(n)]
+            ys = [[c[i][key] for c in curves] for i in range(n)]
+            ax.plot(xs, [mean(y) for y in ys], "o-", color=color, label=f"{mode} (mean of {len(curves)})")
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=color, alpha=0.15)
+        ax.set_xlabel("environment steps (GRPO rollouts)")
+        ax.set_title(title)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("ReTerm-GRPO on micro tasks: fork vs standard at equal environment steps (band: min-max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg = C.parse_config(Config, argv)
+    out = Path(cfg.out)
+    C.dump_config(cfg, out)
+    t0 = time.monotonic()
+    tasks = out / "tasks"
+    split = microtasks.generate(tasks, cfg.n_tasks, cfg.heldout_frac, cfg.task_seed)
+    data = out / "data/reterm.jsonl"
+    sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", data,
+        "--faults-per-task", cfg.faults_per_task, "--concurrency", 4, "--seed", cfg.task_seed],
+       out / "log.txt")
+    build_s = round(time.monotonic() - t0, 1)
+    per_seed = []
+    for seed in range(cfg.seeds):
+        path = out / f"seed{seed}" / "result.json"
+        if path.exists():  # a finished seed is not redone
+            per_seed.append(json.loads(path.read_text()))
+            continue
+        r = run_seed(cfg, seed, tasks, data)
+        path.write_text(json.dumps(r) + "\n")
+        per_seed.append(r)
+    res = summarize(cfg, per_seed, split)
+    res["n_sft_rows"] = len(C.read_jsonl(data))
+    res["wall_s"] = {"total": round(time.monotonic() - t0, 1), "build_data": build_s}
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    plot(res, out / "learning.png")
+    ci = res["ci95"]
+    print(f"\nheld-out: {len(split['heldout'])} tasks; train: {len(split['train'])} tasks; "
+          f"seeds {res['seeds']}")
+    print(f"Pass@1 (T=1, held-out)  base {res['base_pass_at_1']:.3f}   SFT {res['sft_pass_at_1']:.3f}")
+    print(f"{'policy':<12}{'env steps':>10}{'Recovery@1':>12}{'ci95':>18}{'Pass@1':>9}{'non-uniform':>13}")
+    print(f"{'SFT':<12}{0:>10}{res['heldout_recovery_before']:>12.3f}"
+          f"{str([round(x, 3) for x in ci['heldout_recovery_before']]):>18}{res['sft_pass_at_1']:>9.3f}")
+    for m in ("fork", "standard"):
+        print(f"{m:<12}{res['env_steps'][m]:>10}{res['heldout_recovery_after'][m]:>12.3f}"
+              f"{str([round(x, 3) for x in ci[f'heldout_recovery_after_{m}']]):>18}"
+              f"{res['heldout_pass_at_1_after'][m]:>9.3f}{res['nonuniform_group_frac'][m]:>13.2f}")
+    print(f"recovery gain fork {ci['recovery_gain_fork']}, standard {ci['recovery_gain_standard']} (ci95)")
+    print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
+    return res
+
+
+if __name__ == "__main__":
+    C.run_main(main)

@@ -1,0 +1,215 @@
+"""A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
+
+    python bench/microtasks.py OUT [--n 64] [--heldout-frac 0.25] [--seed 0]
+    python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
+
+Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json). Every task is 1-3 bash
+commands whose arguments (file names, words, modes) are copied from the instruction, so a model
+that learns to copy can solve unseen parameter combinations. The split is by parameters: a task is
+held out iff its (source, destination) name pair is in a held-out set of pairs, so every single
+name also occurs in training, never the pair. The tests check the outcome AND that nothing else
+changed (stray files in /app, /app/out or /tmp, edited inputs), so a first attempt with a wrong path
+or value leaves something that must be repaired, not just redone. Every task has the same
+environment/ folder content, hence one image's layers (built once, re-tagged per task).
+
+`--model` writes a random-init Qwen3 of the given size with the project's tiny tokenizer: the
+policy the learning experiment trains from scratch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common as C  # noqa: E402
+
+# Short, distinct names: data files exist for every name, so any (src, dst) pair is a valid task.
+NAMES = ["red", "blue", "green", "gold", "pink", "gray", "cyan", "lime"]
+WORDS = ["apple", "bread", "cloud", "delta", "eagle", "flame", "grape", "honey"]
+MODES = ["600", "640", "644", "700", "750", "755"]
+TEMPLATES = ["write", "copy", "count", "mode"]
+
+DOCKERFILE = """FROM debian:bookworm-slim
+WORKDIR /app
+COPY data /app/data
+RUN chmod 644 /app/data/*
+"""
+
+TASK_TOML = """version = "1.0"
+
+[metadata]
+difficulty = "easy"
+category = "micro-{template}"
+tags = ["micro", "{template}"]
+
+[agent]
+timeout_sec = 120.0
+
+[verifier]
+timeout_sec = 30.0
+
+[environment]
+build_timeout_sec = 300.0
+cpus = 1
+memory = "512M"
+storage = "1G"
+allow_internet = false
+"""
+
+# Shared by every test.sh: stray side effects anywhere the agent is likely to write are failures.
+# The bash tool keeps its cwd/env under /tmp/.reterm, which is not the agent's doing.
+CHECK_CLEAN = """fail() { echo "FAIL: $*"; exit 0; }
+for n in {names}; do
+  [ -f /app/data/$n.txt ] && cmp -s /app/data/$n.txt /tests/data/$n.txt || fail "input $n.txt changed"
+  [ "$(stat -c %a /app/data/$n.txt)" = 644 ] || fail "mode of $n.txt changed"
+done
+[ -z "$(ls -A /app | grep -vx -e data -e out)" ] || fail "stray files in /app: $(ls -A /app)"
+[ -z "$(ls -A /app/data | grep -v '\\.txt$')" ] || fail "stray files in /app/data"
+[ -z "$(ls -A /tmp | grep -vx .reterm)" ] || fail "stray files in /tmp: $(ls -A /tmp)"
+"""
+
+
+def data_files() -> dict[str, str]:
+    """name.txt for every name: a few lines each (line counts differ, so `count` has an answer)."""
+    out = {}
+    for i, n in enumerate(NAMES):
+        rng = random.Random(f"data:{n}")
+        out[f"{n}.txt"] = "".join(f"{rng.choice(WORDS)} {rng.randint(10, 99)}\n" for _ in range(2 + i))
+    return out
+
+
+def task_spec(template: str, src: str, dst: str, word: str, mode: str) -> dict:
+    """instruction, solve.sh steps [(description, command)] and the outcome check of one task."""
+    out = f"/app/out/{dst}.txt"
+    mk = ("make the output folder /app/out", "mkdir -p /app/out")
+    only = f'[ "$(ls -A /app/out)" = "{dst}.txt" ] || fail "/app/out must hold only {dst}.txt"\n'
+    if template == "write":
+        return {"instruction": f"Create the file {out} containing the single word {word}.",
+                "steps": [mk, (f"write {word} to {out}", f"echo {word} > {out}")],
+                "check": only + f'[ "$(cat {out})" = "{word}" ] || fail "wrong content"\n'}
+    if template == "copy":
+        return {"instruction": f"Copy /app/data/{src}.txt to {out}.",
+                "steps": [mk, (f"copy {src}.txt to {out}", f"cp /app/data/{src}.txt {out}")],
+                "check": only + f'cmp -s {out} /tests/data/{src}.txt || fail "wrong content"\n'}
+    if template == "count":
+        n = len(data_files()[f"{src}.txt"].splitlines())
+        return {"instruction": f"Write the number of lines of /app/data/{src}.txt to {out}.",
+                "steps": [mk, (f"count the lines of {src}.txt into {out}",
+                               f"wc -l < /app/data/{src}.txt > {out}")],
+                "check": only + f'[ "$(cat {out} | tr -d " ")" = "{n}" ] || fail "wrong count"\n'}
+    if template == "mode":
+        return {"instruction": f"Copy /app/data/{src}.txt to {out} and give the copy mode {mode}.",
+                "steps": [mk, (f"copy {src}.txt to {out}", f"cp /app/data/{src}.txt {out}"),
+                          (f"set the mode of {out} to {mode}", f"chmod {mode} {out}")],
+                "check": only + f'cmp -s {out} /tests/data/{src}.txt || fail "wrong content"\n'
+                         f'[ "$(stat -c %a {out})" = "{mode}" ] || fail "wrong mode"\n'}
+    raise ValueError(template)
+
+
+def heldout_pairs(seed: int, frac: float) -> set[tuple[str, str]]:
+    """The held-out (src, dst) name pairs: a fixed share of all pairs, chosen by the seed."""
+    pairs = [(a, b) for a in NAMES for b in NAMES]
+    random.Random(f"split:{seed}").shuffle(pairs)
+    return set(pairs[: round(frac * len(pairs))])
+
+
+def write_task(root: Path, template: str, src: str, dst: str, word: str, mode: str) -> str:
+    spec = task_spec(template, src, dst, word, mode)
+    key = {"write": word, "copy": src, "count": src, "mode": f"{src}-{mode}"}[template]
+    name = f"micro-{template}-{key}-{dst}"
+    d = root / name
+    for sub in ("environment/data", "tests/data", "solution"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    (d / "instruction.md").write_text(spec["instruction"] + "\n")
+    (d / "task.toml").write_text(TASK_TOML.format(template=template))
+    (d / "environment/Dockerfile").write_text(DOCKERFILE)
+    for f, text in data_files().items():
+        (d / "environment/data" / f).write_text(text)
+        (d / "tests/data" / f).write_text(text)  # the verifier's own clean copies of the inputs
+    solve = "#!/bin/bash\nset -euo pipefail\n" + "".join(f"\n# step: {s}\n{c}\n" for s, c in spec["steps"])
+    (d / "solution/solve.sh").write_text(solve)
+    test = ("#!/bin/bash\n# Outcome and side-effect check; writes the reward (0 unless everything holds).\n"
+            "mkdir -p /logs/verifier\necho 0 > /logs/verifier/reward.txt\n"
+            "check() {\n" + CHECK_CLEAN.replace("{names}", " ".join(NAMES)) + spec["check"]
+            + 'echo PASS; echo 1 > /logs/verifier/reward.txt\n}\ncheck\n')
+    (d / "tests/test.sh").write_text(test)
+    return name
+
+
+def generate(out: str | Path, n: int = 64, heldout_frac: float = 0.25, seed: int = 0) -> dict:
+    """Write n tasks (train/ and heldout/ under `out`); returns the split {train: [...], heldout: [...]}.
+
+    Parameters are drawn without repeats from all (template, src, dst, word, mode) combinations;
+    the split depends only on the (src, dst) pair, so it is fixed by the seed, not by n."""
+    out = Path(out)
+    held = heldout_pairs(seed, heldout_frac)
+    rng = random.Random(f"tasks:{seed}")
+    # write has no source file: its pair is (dst, dst)
+    combos = [(t, s, d) for t in TEMPLATES for s in NAMES for d in NAMES if t != "write" or s == d]
+    rng.shuffle(combos)
+    split: dict[str, list[str]] = {"train": [], "heldout": []}
+    for template, src, dst in combos[:n]:
+        part = "heldout" if (src, dst) in held else "train"
+        name = write_task(out / part, template, src, dst, rng.choice(WORDS), rng.choice(MODES))
+        split[part].append(name)
+    split = {k: sorted(set(v)) for k, v in split.items()}
+    (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
+    return split
+
+
+def make_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
+               seed: int = 0) -> Path:
+    """A random-init Qwen3 (head_dim 32: vLLM on CPU rejects smaller) with the tiny tokenizer."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = C.make_tiny_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=max(1, heads // 2),
+                      head_dim=hidden // heads, max_position_embeddings=32768, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def env_hash(root: str | Path) -> str:
+    """One hash over every task's environment/ folder: equal for the whole family by construction."""
+    hs = {hashlib.sha256(b"".join(p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file())).hexdigest()
+          for d in Path(root).glob("*/*/environment")}
+    return ",".join(sorted(hs))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", nargs="?", help="folder for train/, heldout/ and split.json")
+    p.add_argument("--n", type=int, default=64, help="tasks to write (train + held out)")
+    p.add_argument("--heldout-frac", type=float, default=0.25, help="share of (src, dst) name pairs held out")
+    p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
+    p.add_argument("--model", help="write a random-init Qwen3 policy here instead")
+    p.add_argument("--hidden", type=int, default=128, help="--model: hidden size (head_dim 32)")
+    p.add_argument("--layers", type=int, default=4, help="--model: transformer blocks")
+    a = p.parse_args(argv)
+    if a.model:
+        print(make_model(a.model, a.hidden, a.layers, heads=a.hidden // 32, seed=a.seed))
+        return
+    if not a.out:
+        p.error("OUT is required (or --model)")
+    s = generate(a.out, a.n, a.heldout_frac, a.seed)
+    print(f"{len(s['train'])} train, {len(s['heldout'])} held-out tasks under {a.out}")
+
+
+if __name__ == "__main__":
+    main()

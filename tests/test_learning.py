@@ -1,0 +1,145 @@
+"""The micro task family (bench/microtasks.py) and a CI-sized learning check on it: after a short SFT,
+forked recoveries give non-uniform reward groups, and one fork-GRPO step on them raises the
+policy's log-probability of the successful recoveries relative to the failed ones."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import common as C
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import microtasks  # noqa: E402
+
+G = importlib.import_module("04_reterm_grpo")
+EV = importlib.import_module("05_eval_tb2")
+
+
+def test_generator_split_is_by_parameters_and_fixed(tmp_path):
+    a = microtasks.generate(tmp_path / "a", n=48, seed=0)
+    b = microtasks.generate(tmp_path / "b", n=64, seed=0)
+    assert a["heldout"] and a["train"] and not set(a["heldout"]) & set(a["train"])
+    # more tasks never move a task across the split (it depends on the parameters only)
+    assert set(a["heldout"]) <= set(b["heldout"]) and set(a["train"]) <= set(b["train"])
+    def pair(n: str) -> tuple:  # write tasks have no source: their pair is (dst, dst)
+        parts = n.split("-")  # micro-<template>-<key...>-<dst>; the key starts with the source
+        return (parts[-1],) * 2 if parts[1] == "write" else (parts[2], parts[-1])
+
+    held_pairs = {pair(n) for n in b["heldout"]}
+    assert not held_pairs & {pair(n) for n in b["train"]}
+    # one environment for the whole family: one set of image layers
+    assert len(microtasks.env_hash(tmp_path / "b").split(",")) == 1
+    for name in b["train"][:5]:
+        t = C.load_task(tmp_path / "b/train" / name)
+        assert t.allow_internet is False and "# step:" in (t.solution_dir / "solve.sh").read_text()
+
+
+def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, tmp_path):
+    split = microtasks.generate(tmp_path / "mt", n=12, seed=0)
+    tasks = tmp_path / "mt/train"
+    assert EV.main(["--tasks", str(tasks), "--agent", "oracle", "--out", str(tmp_path / "o"),
+                    "--concurrency", "4"])["pass_at_1"] == 1.0
+    assert EV.main(["--tasks", str(tasks), "--agent", "null", "--out", str(tmp_path / "n"),
+                    "--concurrency", "4"])["pass_at_1"] == 0.0
+    task = C.load_task(tasks / split["train"][0])
+    solve = (task.solution_dir / "solve.sh").read_text()
+    with C.env_session():
+        for extra in ("touch /tmp/stray", "echo x >> /app/data/red.txt", "touch /app/out/other.txt",
+                      "chmod 600 /app/data/blue.txt", "mkdir /app/tmp"):
+            with C.start_env(task) as env:  # the right outcome plus one stray change: reward 0
+                assert env.bash(solve + "\n" + extra).exit_code == 0
+                assert env.verify().reward == 0.0, extra
+        with C.start_env(task) as env:
+            env.bash(solve)
+            assert env.verify().reward == 1.0
+
+
+def _run(args: list, log: Path) -> None:
+    with open(log, "w") as f:
+        rc = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, stdout=f,
+                            stderr=subprocess.STDOUT).returncode
+    assert rc == 0, log.read_text()[-3000:]
+
+
+def _mean_logp(model, rows: list[dict], pad_id: int) -> list[float]:
+    """Per row: the mean log-probability of its trained (sampled recovery) tokens."""
+    with torch.no_grad():
+        out = []
+        for r in rows:
+            b = C.collate([r["trace"]], pad_id)
+            lp = C.token_logprobs(model, b)[0]
+            m = b["loss_mask"][0].bool()
+            out.append(lp[m].mean().item())
+    return out
+
+
+def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready, tmp_path):
+    split = microtasks.generate(tmp_path / "mt", n=12, seed=0)
+    name = next(n for n in split["train"] if n.startswith("micro-copy"))
+    tasks_dir = tmp_path / "mt/train"
+    task = C.load_task(tasks_dir / name)
+    data = tmp_path / "data.jsonl"
+    _run(["01_build_data.py", "--tasks", tasks_dir, "--task-filter", f"^{name}$", "--teacher", "oracle",
+          "--out", data, "--faults-per-task", 3, "--concurrency", 1], tmp_path / "01.log")
+    rows = C.read_jsonl(data)
+    assert len(rows) >= 2
+    base = microtasks.make_model(tmp_path / "base", hidden=64, layers=2, heads=2)
+    _run(["02_sft.py", "--data", data, "--model", base, "--out", tmp_path / "sft", "--max-steps", 120,
+          "--lr", 1e-2, "--warmup-steps", 4, "--max-len", 4096, "--micro-batch-tokens", 8192,
+          "--grad-accum", 1, "--save-every", 0, "--all-assistant", "--no-activation-checkpointing"],
+         tmp_path / "02.log")
+    sft = tmp_path / "sft/final"
+    tok = C.load_tokenizer(sft)
+    engine_kind = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    kw = {"max_model_len": 4096, "seed": 0} if engine_kind == "vllm" else {}
+    engine = C.make_engine(engine_kind, sft, dtype="float32", **kw)
+    rcfg = C.RolloutConfig(6, 4096, 30.0, 1.0, 8, C.SamplingConfig(1.0, 1.0, 160))
+    states = []
+    with C.env_session():
+        try:
+            for row in rows:  # the oracle's faulty first attempts, replayed and frozen as failure states
+                failed = row["messages"][: row["train_from_message_index"] - 1]
+                with C.start_env(task) as env:
+                    for m in failed:
+                        for call in m.get("tool_calls") or []:
+                            env.bash(call["function"]["arguments"]["command"])
+                    snap = env.snapshot()
+                ids = C.render_ids(tok, failed, add_generation_prompt=False)
+                ids = ids[: len(ids) - ids[::-1].index(tok.eos_token_id)]  # as sampled: ends at EOS
+                states.append(C.FailureState(f"s{len(states)}", name, snap, failed, ids,
+                                             "faulty_implementation"))
+            groups, _ = C.run_recoveries(states, {name: task}, 12, engine, rcfg)  # 12: rarely all-success
+        finally:
+            for s in states:
+                C.remove_image(s.snapshot)
+    rewards = [[ep.reward for ep in g] for g in groups]
+    kept, _ = G.drop_uniform_groups([g for g in groups])
+    assert kept, f"every recovery group is uniform after SFT: {rewards}"
+    batch = G.group_rows([(None, None, None, g) for g in kept], use_std=True)
+    model = C.load_model(sft)
+    before = _mean_logp(model, batch, tok.pad_token_id)
+    cfg = G.Config(model=str(sft), out=str(tmp_path / "grpo"), lr=1e-3, micro_tokens=16384)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    G.train_on_batch(model.train(), opt, batch, cfg, torch.device("cpu"), tok.pad_token_id)
+    after = _mean_logp(model.eval(), batch, tok.pad_token_id)
+    delta = [a - b for a, b in zip(after, before, strict=True)]
+    good = [d for d, r in zip(delta, batch, strict=True) if r["adv"] > 0]
+    bad = [d for d, r in zip(delta, batch, strict=True) if r["adv"] < 0]
+    gain = sum(good) / len(good) - sum(bad) / len(bad)
+    print(json.dumps({"rewards": rewards, "gain": gain}))
+    assert gain > 0, (rewards, good, bad)
+    # the failed recoveries became less likely (successful ones are near-certain already after SFT:
+    # their log-probability may move either way by a little, the gap is what the update controls)
+    assert sum(bad) / len(bad) < 0, bad
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q", "-s"])
