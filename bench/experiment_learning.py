@@ -104,8 +104,8 @@ def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: i
     by_name = {t.name: t for t in C.load_tasks(tasks)}
     kw = {"max_model_len": cfg.max_context, "seed": seed} if cfg.engine == "vllm" else {}
     engine = C.make_engine(cfg.engine, model, dtype="float32", **kw)
-    rcfg = C.RolloutConfig(cfg.max_turns, cfg.max_context, 30.0, 1.0, cfg.concurrency,
-                           C.SamplingConfig(1.0, 1.0, cfg.max_tokens))
+    rcfg = C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, command_timeout=30.0,
+                           concurrency=cfg.concurrency, sampling=C.SamplingConfig(max_tokens=cfg.max_tokens))
     with C.env_session():
         groups, _ = C.run_recoveries(states, by_name, cfg.recovery_samples, engine, rcfg)
     del engine

@@ -69,12 +69,12 @@ def _run(args: list, log: Path) -> None:
     assert rc == 0, log.read_text()[-3000:]
 
 
-def _mean_logp(model, rows: list[dict], pad_id: int) -> list[float]:
+def _mean_logp(model, rows: list, pad_id: int) -> list[float]:
     """Per row: the mean log-probability of its trained (sampled recovery) tokens."""
     with torch.no_grad():
         out = []
         for r in rows:
-            b = C.collate([r["trace"]], pad_id)
+            b = C.collate([r.trace], pad_id)
             lp = C.token_logprobs(model, b)[0]
             m = b["loss_mask"][0].bool()
             out.append(lp[m].mean().item())
@@ -101,7 +101,8 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     engine_kind = "vllm" if importlib.util.find_spec("vllm") else "hf"
     kw = {"max_model_len": 4096, "seed": 0} if engine_kind == "vllm" else {}
     engine = C.make_engine(engine_kind, sft, dtype="float32", **kw)
-    rcfg = C.RolloutConfig(6, 4096, 30.0, 1.0, 8, C.SamplingConfig(1.0, 1.0, 160))
+    rcfg = C.RolloutConfig(max_turns=6, max_context=4096, command_timeout=30.0, concurrency=8,
+                           sampling=C.SamplingConfig(max_tokens=160))
     states = []
     with C.env_session():
         try:
@@ -121,9 +122,10 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
             for s in states:
                 C.remove_image(s.snapshot)
     rewards = [[ep.reward for ep in g] for g in groups]
-    kept, _ = G.drop_uniform_groups([g for g in groups])
+    kept, _ = G.drop_uniform_groups([G.Group("fork", s.id, s.category, g) for s, g in zip(states, groups,
+                                                                                         strict=True)])
     assert kept, f"every recovery group is uniform after SFT: {rewards}"
-    batch = G.group_rows([(None, None, None, g) for g in kept], use_std=True)
+    batch = G.group_rows(kept, use_std=True)
     model = C.load_model(sft)
     before = _mean_logp(model, batch, tok.pad_token_id)
     cfg = G.Config(model=str(sft), out=str(tmp_path / "grpo"), lr=1e-3, micro_tokens=16384)
@@ -131,8 +133,8 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     G.train_on_batch(model.train(), opt, batch, cfg, torch.device("cpu"), tok.pad_token_id)
     after = _mean_logp(model.eval(), batch, tok.pad_token_id)
     delta = [a - b for a, b in zip(after, before, strict=True)]
-    good = [d for d, r in zip(delta, batch, strict=True) if r["adv"] > 0]
-    bad = [d for d, r in zip(delta, batch, strict=True) if r["adv"] < 0]
+    good = [d for d, r in zip(delta, batch, strict=True) if r.adv > 0]
+    bad = [d for d, r in zip(delta, batch, strict=True) if r.adv < 0]
     gain = sum(good) / len(good) - sum(bad) / len(bad)
     print(json.dumps({"rewards": rewards, "gain": gain}))
     assert gain > 0, (rewards, good, bad)
