@@ -49,7 +49,7 @@ def leftovers(url: str | None) -> tuple[list, list]:
     client = C.docker_client(url)
     mine = [C.LABEL, f"reterm.run={C.RUN_ID}"]
     return (client.api.containers(all=True, filters={"label": mine}),
-            client.images.list(filters={"label": ["reterm.kind=snapshot", f"reterm.run={C.RUN_ID}"]}))
+            client.api.images(filters={"label": ["reterm.kind=snapshot", f"reterm.run={C.RUN_ID}"]}))
 
 
 def make_tasks(make_task, names: list[str]) -> dict[str, C.Task]:
@@ -144,7 +144,8 @@ def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, 
         for g in ("g1", "g2")]
     for url in (None, d2):  # no container, snapshot or pool tag left on either engine
         assert leftovers(url) == ([], [])
-        tags = [t for im in C.docker_client(url).images.list() for t in im.tags]
+        # the low-level list: the high-level one re-fetches each image, and other runs remove theirs
+        tags = [t for im in C.docker_client(url).api.images() for t in im.get("RepoTags") or []]
         mine = tuple(ours) if url is None else ("reterm-snap/", "reterm-pool/")  # the second is all ours
         assert not [t for t in tags if t.startswith(mine)]
 
