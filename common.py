@@ -1458,7 +1458,10 @@ class VLLMEngine:
                             seed=seed, enforce_eager=not on_gpu, distributed_executor_backend="uni",
                             logprobs_mode="processed_logprobs", **kw, **llm_kw)
         self._request_ids = itertools.count()
-        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
+        # EngineQueue steps requests one decoding step at a time. Only in-process: with the engine
+        # core in its own process (under torchrun) that loop hung on CPU, so there the batching
+        # queue serves it.
+        self.continuous = continuous and in_process
 
     def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
         from vllm import SamplingParams
