@@ -73,6 +73,12 @@ def make_task(tmp_path: Path):
     return lambda name="t", **kw: write_task(tmp_path / "tasks", name, **kw)
 
 
+def call(cmd: str) -> str:
+    """A model turn that calls the bash tool (Qwen3.5 format)."""
+    return (f"<tool_call>\n<function=bash>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n"
+            "</tool_call>")
+
+
 class ScriptedEngine:
     """Engine interface, but each episode's turns come from a script: tests know the truth.
     Episodes advance on their own clocks, so a prompt's turn is found from its own history: it

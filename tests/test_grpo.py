@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import ScriptedEngine
+from conftest import ScriptedEngine, call
 
 import common as C
 
@@ -147,10 +147,6 @@ def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
 
 # ── real Docker: forked-rollout masks, one end-to-end step ─────────────────
 
-
-def call(cmd: str) -> str:
-    return (f"<tool_call>\n<function=bash>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n"
-            "</tool_call>")
 
 
 @pytest.mark.usefixtures("docker_ready")

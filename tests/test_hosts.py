@@ -8,34 +8,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import textwrap
 
 import pytest
-from conftest import ScriptedEngine
+from conftest import ScriptedEngine, call
 
 import common as C
 
 E = importlib.import_module("05_eval_tb2")
 G = importlib.import_module("04_reterm_grpo")
 pytestmark = pytest.mark.usefixtures("docker_ready")
-TOML = textwrap.dedent("""\
-    version = "1.0"
-    [metadata]
-    category = "file-operations"
-    [agent]
-    timeout_sec = 60.0
-    [verifier]
-    timeout_sec = 30.0
-    [environment]
-    cpus = 1
-    memory = "256M"
-    allow_internet = false
-    """)
 
-
-def call(cmd: str) -> str:
-    return (f"<tool_call>\n<function=bash>\n<parameter=command>\n{cmd}\n</parameter>\n</function>\n"
-            "</tool_call>")
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +41,7 @@ def make_tasks(make_task, names: list[str]) -> dict[str, C.Task]:
         test = ("mkdir -p /logs/verifier; r=0; [ \"$(cat /app/out.txt 2>/dev/null)\" = ok ] && "
                 + ("[ -f /app/never ] && " if n.startswith("stuck") else "") + "r=1\n"
                 "echo $r > /logs/verifier/reward.txt\n")
-        tasks[n] = C.load_task(make_task(n, toml=TOML, test=test))
+        tasks[n] = C.load_task(make_task(n, test=test))  # conftest's task.toml: no network
     return tasks
 
 
