@@ -4,11 +4,16 @@
 
 Every stage is the real script, run as a subprocess:
   tasks  bench/microtasks.py writes train/ and held-out/ tasks (split by parameters, fixed seed);
-  01     oracle recovery demonstrations on the TRAIN tasks only;
+  01     oracle recovery demonstrations on the TRAIN tasks only, plus each train task's oracle
+         solution as a verified one-attempt row (solution_rows: a model trained from scratch must
+         learn first attempts too, which the paper's pretrained base model already makes);
   per seed s (model init, data order, sampling):
-  02     SFT of a random-init Qwen3 (bench/microtasks.make_model) on those rows, every assistant turn
-         (--all-assistant): the faulty first attempts teach the policy to slip the way the oracle's
-         faults do, the recoveries teach it to repair — so the SFT policy fails some tasks by itself;
+  02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in two runs of the stage script:
+         a warm-up on the solutions alone (many small steps: copying an argument from the instruction
+         appears abruptly after ~500 of them, and the recovery rows' long contexts only delay it),
+         then the recovery rows + solutions: loss on the recovery attempts and on the solutions, never
+         on the faulty first attempts. The SFT policy then fails some tasks by itself (sampling at
+         temperature 1, arguments it copies wrong);
   05     base Pass@1 on held-out (temperature 1);
   03     failure states of the SFT policy on held-out (their pass rate is the SFT Pass@1 at
          temperature 1; the states are the fixed Recovery@1 benchmark) and on train (the GRPO pool);
@@ -47,22 +52,25 @@ class Config:
 
     out: str = "runs/experiment_learning"  # work folder (tasks, data, seed<s>/, results.json, learning.png)
     seeds: int = 3  # seeds 0..K-1 (model init, SFT order, sampling); tasks and split stay fixed
-    n_tasks: int = 64  # micro tasks generated (train + held out)
+    n_tasks: int = 128  # micro tasks generated (train + held out)
     heldout_frac: float = 0.25  # share of (src, dst) name pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
     faults_per_task: int = 3  # 01: verified recovery rows per train task
-    sft_steps: int = 150  # 02 optimizer steps
-    sft_lr: float = 6e-3  # 02 peak learning rate (from scratch; 3e-3 left a 64-wide model at loss 0.8)
-    sft_batch_tokens: int = 8192  # 02 padded tokens per step
+    warmup_steps: int = 1600  # 02, phase 1: steps on the solutions alone (copying appeared at ~500-1100)
+    warmup_lr: float = 3e-3  # 02, phase 1: peak learning rate (from scratch)
+    sft_steps: int = 400  # 02, phase 2: steps on recovery rows + solutions
+    sft_lr: float = 1e-3  # 02, phase 2: peak learning rate
+    sft_batch_tokens: int = 2048  # 02 padded tokens per step: many small steps, not few large ones
+    sft_max_len: int = 2048  # 02 tokens per row (longer rows lose context from the left)
     attempts: int = 2  # 03: attempts per task (held-out and train)
     grpo_steps: int = 8  # 04 fork-mode steps in all
-    eval_every: int = 4  # 04 steps per chunk (an evaluation point after each)
+    eval_every: int = 8  # 04 steps per chunk (an evaluation point after each; 8 = only at the end)
     batch_states: int = 4  # 04 B: groups per step
     group_size: int = 4  # 04 G: attempts per group
     fresh_frac: float = 0.25  # 04 fork mode: share of fresh-start groups feeding the pool
-    grpo_lr: float = 3e-4  # 04 learning rate
+    grpo_lr: float = 1e-3  # 04 learning rate
     recovery_samples: int = 2  # Recovery@1: forks per held-out failure state
     eval_trials: int = 2  # 05: trials per held-out task
     max_turns: int = 6  # assistant turns per attempt
@@ -136,6 +144,39 @@ def grpo_chunk(cfg: Config, mode: str, sft: Path, out: Path, steps: int, budget:
     return rows[-1]["env_steps_total"] if rows else 0
 
 
+def solution_rows(tasks_dir: Path, path: Path, concurrency: int) -> int:
+    """Each task's solution/solve.sh replayed step by step as bash tool calls in a real container and
+    kept as a one-attempt row (loss on all its assistant turns) if the tests pass; returns the rows.
+
+    The paper's base model can already solve tasks, so its SFT data only teaches recovery; a model
+    trained from scratch must also learn first attempts, and the recovery rows' first attempts are
+    all faulty by construction (training on them teaches the policy to fail every time)."""
+    import importlib
+
+    build = importlib.import_module("01_build_data")
+    writer = build.Writer(path)
+    todo = [t for t in C.load_tasks(tasks_dir) if t.name not in {r["task_id"] for r in writer.rows}]
+
+    def solve(task: C.Task) -> None:
+        steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
+        msgs = C.initial_messages(task.instruction, microtasks.SYSTEM_PROMPT)
+        with C.start_env(task, internet=False) as env:
+            for d, cmd in steps:
+                build.act(env, msgs, f"Next: {d}.", cmd, 30.0)
+            msgs.append({"role": "assistant", "content": "The task is complete: "
+                         + "; ".join(d for d, _ in steps) + "."})
+            if env.verify().reward < 1.0:
+                raise RuntimeError(f"{task.name}: the oracle solution does not pass")
+        row = build.make_row(task.name, msgs, 2, {"teacher": "oracle", "solution": True})
+        writer.add(row | {"target_attempt_index": 1})
+
+    with C.env_session():
+        for _, res in C.run_concurrently(solve, todo, concurrency, "solution rows"):
+            if isinstance(res, Exception):
+                raise res
+    return len(writer.rows)
+
+
 def remove_snapshots(*failure_files: Path) -> None:
     for f in failure_files:
         for row in C.read_jsonl(f):
@@ -146,6 +187,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     out = Path(cfg.out) / f"seed{seed}"
     log = out / "log.txt"
     train_dir, held_dir = tasks / "train", tasks / "heldout"
+    solutions = data.parent / "solutions.jsonl"
     res: dict = {"seed": seed, "wall_s": {}}
     t = time.monotonic()
 
@@ -158,11 +200,16 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     base = out / "base"
     if not (base / "config.json").exists():
         microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed)
-    if not (out / "sft/final/config.json").exists():
-        sh(["02_sft.py", "--data", data, "--model", base, "--out", out / "sft", "--max-steps", cfg.sft_steps,
-            "--lr", cfg.sft_lr, "--warmup-steps", max(1, cfg.sft_steps // 12), "--max-len", cfg.max_context,
-            "--micro-batch-tokens", cfg.sft_batch_tokens, "--grad-accum", 1, "--save-every", 0,
-            "--all-assistant", "--no-activation-checkpointing", "--seed", seed], log)
+    # phase 1 at a constant learning rate without weight decay: a decaying one ends before copying appears
+    constant = ["--min-lr-ratio", 1, "--weight-decay", 0]
+    phases = (("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr, constant),
+              ("sft", data, out / "warmup/final", cfg.sft_steps, cfg.sft_lr, []))
+    for phase, rows, start, steps, lr, extra in phases:
+        if not (out / phase / "final/config.json").exists():
+            sh(["02_sft.py", "--data", rows, "--model", start, "--out", out / phase, "--max-steps", steps,
+                "--lr", lr, "--warmup-steps", max(1, steps // 24), "--max-len", cfg.sft_max_len,
+                "--micro-batch-tokens", cfg.sft_batch_tokens, "--grad-accum", 1, "--save-every", 0,
+                "--no-activation-checkpointing", "--seed", seed, *extra], log)
     sft = out / "sft/final"
     sft_rows = C.read_jsonl(out / "sft/metrics.jsonl")
     res["sft_loss"] = [sft_rows[0]["loss"], sft_rows[-1]["loss"]]
@@ -307,10 +354,13 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.monotonic()
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_tasks, cfg.heldout_frac, cfg.task_seed)
-    data = out / "data/reterm.jsonl"
-    sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", data,
-        "--faults-per-task", cfg.faults_per_task, "--concurrency", 4, "--seed", cfg.task_seed],
+    recoveries, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "solutions.jsonl", "sft.jsonl"))
+    sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
+        "--faults-per-task", cfg.faults_per_task, "--concurrency", cfg.concurrency, "--seed", cfg.task_seed,
+        "--system-prompt", microtasks.SYSTEM_PROMPT],
        out / "log.txt")
+    solution_rows(tasks / "train", solutions, cfg.concurrency)
+    data.write_text(recoveries.read_text() + solutions.read_text())
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
     for seed in range(cfg.seeds):
@@ -322,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(r) + "\n")
         per_seed.append(r)
     res = summarize(cfg, per_seed, split)
-    res["n_sft_rows"] = len(C.read_jsonl(data))
+    res["n_sft_rows"] = {"recovery": len(C.read_jsonl(recoveries)), "solution": len(C.read_jsonl(solutions))}
     res["wall_s"] = {"total": round(time.monotonic() - t0, 1), "build_data": build_s}
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(res, out / "learning.png")

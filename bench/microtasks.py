@@ -28,8 +28,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common as C  # noqa: E402
 
-# Short, distinct names: data files exist for every name, so any (src, dst) pair is a valid task.
+# Each argument slot has its own vocabulary, and the policy's tokenizer holds every value as one
+# token (make_model): a source is a color, a destination an animal, a written word a food, a mode
+# one of six. So "which value goes here" is visible in the value itself, and a small model can learn
+# to copy it by what it is, not only by where it stands (an induction circuit it would need far more
+# CPU steps to form). Data files exist for every source, so any (source, destination) pair is valid.
 NAMES = ["red", "blue", "green", "gold", "pink", "gray", "cyan", "lime"]
+DESTS = ["fox", "owl", "elk", "yak", "emu", "seal", "wolf", "crow"]
 WORDS = ["apple", "bread", "cloud", "delta", "eagle", "flame", "grape", "honey"]
 MODES = ["600", "640", "644", "700", "750", "755"]
 TEMPLATES = ["write", "copy", "count", "mode"]
@@ -79,41 +84,41 @@ def data_files() -> dict[str, str]:
     out = {}
     for i, n in enumerate(NAMES):
         rng = random.Random(f"data:{n}")
-        out[f"{n}.txt"] = "".join(f"{rng.choice(WORDS)} {rng.randint(10, 99)}\n" for _ in range(2 + i))
+        out[f"{n}.txt"] = "".join(f"line {rng.randint(10, 99)}\n" for _ in range(2 + i))
     return out
 
 
 def task_spec(template: str, src: str, dst: str, word: str, mode: str) -> dict:
     """instruction, solve.sh steps [(description, command)] and the outcome check of one task."""
     out = f"/app/out/{dst}.txt"
-    mk = ("make the output folder /app/out", "mkdir -p /app/out")
+    mk = ("make the output folder", "mkdir -p /app/out")
     only = f'[ "$(ls -A /app/out)" = "{dst}.txt" ] || fail "/app/out must hold only {dst}.txt"\n'
     if template == "write":
         return {"instruction": f"Create the file {out} containing the single word {word}.",
-                "steps": [mk, (f"write {word} to {out}", f"echo {word} > {out}")],
+                "steps": [mk, (f"write {word} to {dst}", f"echo {word} > {out}")],
                 "check": only + f'[ "$(cat {out})" = "{word}" ] || fail "wrong content"\n'}
     if template == "copy":
         return {"instruction": f"Copy /app/data/{src}.txt to {out}.",
-                "steps": [mk, (f"copy {src}.txt to {out}", f"cp /app/data/{src}.txt {out}")],
+                "steps": [mk, (f"copy {src} to {dst}", f"cp /app/data/{src}.txt {out}")],
                 "check": only + f'cmp -s {out} /tests/data/{src}.txt || fail "wrong content"\n'}
     if template == "count":
         n = len(data_files()[f"{src}.txt"].splitlines())
         return {"instruction": f"Write the number of lines of /app/data/{src}.txt to {out}.",
-                "steps": [mk, (f"count the lines of {src}.txt into {out}",
+                "steps": [mk, (f"count the lines of {src} into {dst}",
                                f"wc -l < /app/data/{src}.txt > {out}")],
                 "check": only + f'[ "$(cat {out} | tr -d " ")" = "{n}" ] || fail "wrong count"\n'}
     if template == "mode":
         return {"instruction": f"Copy /app/data/{src}.txt to {out} and give the copy mode {mode}.",
-                "steps": [mk, (f"copy {src}.txt to {out}", f"cp /app/data/{src}.txt {out}"),
-                          (f"set the mode of {out} to {mode}", f"chmod {mode} {out}")],
+                "steps": [mk, (f"copy {src} to {dst}", f"cp /app/data/{src}.txt {out}"),
+                          (f"set the mode of {dst} to {mode}", f"chmod {mode} {out}")],
                 "check": only + f'cmp -s {out} /tests/data/{src}.txt || fail "wrong content"\n'
                          f'[ "$(stat -c %a {out})" = "{mode}" ] || fail "wrong mode"\n'}
     raise ValueError(template)
 
 
 def heldout_pairs(seed: int, frac: float) -> set[tuple[str, str]]:
-    """The held-out (src, dst) name pairs: a fixed share of all pairs, chosen by the seed."""
-    pairs = [(a, b) for a in NAMES for b in NAMES]
+    """The held-out (first argument, destination) pairs: a fixed share of all, chosen by the seed."""
+    pairs = [(a, b) for a in NAMES + WORDS for b in DESTS]
     random.Random(f"split:{seed}").shuffle(pairs)
     return set(pairs[: round(frac * len(pairs))])
 
@@ -149,34 +154,52 @@ def generate(out: str | Path, n: int = 64, heldout_frac: float = 0.25, seed: int
     out = Path(out)
     held = heldout_pairs(seed, heldout_frac)
     rng = random.Random(f"tasks:{seed}")
-    # write has no source file: its pair is (dst, dst)
-    combos = [(t, s, d) for t in TEMPLATES for s in NAMES for d in NAMES if t != "write" or s == d]
+    # write has no source file: its first argument is the word
+    combos = [(t, s, d) for t in TEMPLATES for s in (WORDS if t == "write" else NAMES) for d in DESTS]
     rng.shuffle(combos)
     split: dict[str, list[str]] = {"train": [], "heldout": []}
     for template, src, dst in combos[:n]:
         part = "heldout" if (src, dst) in held else "train"
-        name = write_task(out / part, template, src, dst, rng.choice(WORDS), rng.choice(MODES))
+        name = write_task(out / part, template, src, dst, src, rng.choice(MODES))
         split[part].append(name)
     split = {k: sorted(set(v)) for k, v in split.items()}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     return split
 
 
+# the first and last line of the tool-schema block in the tiny chat template (make_model drops it)
+TINY_TOOLS_BLOCK = ("{{- '# Tools\\n\\nYou have access",
+                    "{{- '\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}\n")
+
+# the system prompt of the experiment's rows (and so of the policy's scaffold): short, like the context
+SYSTEM_PROMPT = "You are a terminal agent. Call the bash tool once per turn; answer without a call when done."
+
+
 def make_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
                seed: int = 0) -> Path:
     """A random-init Qwen3 (head_dim 32: vLLM on CPU rejects smaller) with the tiny tokenizer."""
     import torch
+    from tokenizers import AddedToken
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = C.make_tiny_tokenizer()
+    # every argument value is one token (see NAMES), so it is copied as one token, not 2-3 pieces
+    tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in NAMES + DESTS + WORDS + MODES])
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=max(1, heads // 2),
                       head_dim=hidden // heads, max_position_embeddings=32768, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    # The project's tiny chat template without its tool-schema block: a model trained from scratch
+    # never reads that block, and dropping it cuts the context before the instruction ~20x (a
+    # freshly initialised attention head finds an argument among ~40 tokens far sooner than ~400).
+    start, end = TINY_TOOLS_BLOCK
+    assert start in C.TINY_CHAT_TEMPLATE and end in C.TINY_CHAT_TEMPLATE
+    head, rest = C.TINY_CHAT_TEMPLATE.split(start, 1)
+    tok.chat_template = head + "{{- '<|im_end|>\\n' }}" + rest.split(end, 1)[1]
     model = Qwen3ForCausalLM(cfg)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id

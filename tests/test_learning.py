@@ -29,9 +29,9 @@ def test_generator_split_is_by_parameters_and_fixed(tmp_path):
     assert a["heldout"] and a["train"] and not set(a["heldout"]) & set(a["train"])
     # more tasks never move a task across the split (it depends on the parameters only)
     assert set(a["heldout"]) <= set(b["heldout"]) and set(a["train"]) <= set(b["train"])
-    def pair(n: str) -> tuple:  # write tasks have no source: their pair is (dst, dst)
-        parts = n.split("-")  # micro-<template>-<key...>-<dst>; the key starts with the source
-        return (parts[-1],) * 2 if parts[1] == "write" else (parts[2], parts[-1])
+    def pair(n: str) -> tuple:  # micro-<template>-<first argument>[-<mode>]-<dst>
+        parts = n.split("-")
+        return parts[2], parts[-1]
 
     held_pairs = {pair(n) for n in b["heldout"]}
     assert not held_pairs & {pair(n) for n in b["train"]}
