@@ -6,14 +6,15 @@
 Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json). Every task is 1-3 bash
 commands whose arguments (file names, words, modes) are copied from the instruction, so a model
 that learns to copy can solve unseen parameter combinations. The split is by parameters: a task is
-held out iff its (source, destination) name pair is in a held-out set of pairs, so every single
-name also occurs in training, never the pair. The tests check the outcome AND that nothing else
+held out iff its (first argument, destination) pair is in a held-out set of pairs, so every single
+value also occurs in training, never the pair. The tests check the outcome AND that nothing else
 changed (stray files in /app, /app/out or /tmp, edited inputs), so a first attempt with a wrong path
 or value leaves something that must be repaired, not just redone. Every task has the same
 environment/ folder content, hence one image's layers (built once, re-tagged per task).
 
-`--model` writes a random-init Qwen3 of the given size with the project's tiny tokenizer: the
-policy the learning experiment trains from scratch.
+`--model` writes a random-init Qwen3 of the given size (tied embeddings) with the project's tiny
+tokenizer plus one token per argument value, and the tiny chat template without its tool-schema
+block: the policy the learning experiment trains from scratch. Its rows use SYSTEM_PROMPT.
 """
 
 from __future__ import annotations
