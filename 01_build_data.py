@@ -217,18 +217,27 @@ def recovery_plan(steps: list[tuple[str, str]], fault: Fault, from_start: bool) 
                    enumerate(steps) if j >= i]
 
 
+def replay_attempt(env: C.Env, msgs: list[dict], steps: list[tuple[str, str]], timeout: float) -> list[dict]:
+    """The oracle's attempt: each (description, command) as a tool call, then a closing answer.
+    Returns what the rollout's classify_failure looks at, per command."""
+    ran = []
+    for d, cmd in steps:
+        r = act(env, msgs, f"Next: {d}.", cmd, timeout)
+        ran.append({"command": cmd, "exit_code": r.exit_code, "timed_out": r.timed_out})
+    done = "; ".join(d for d, _ in steps)
+    msgs.append({"role": "assistant", "content": f"The task is complete: {done}."})
+    return ran
+
+
 def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: Fault
                ) -> tuple[dict | None, str]:
     """Run one faulty attempt + recovery in Docker; a row only if 1 fails and 2 passes."""
     msgs = C.initial_messages(task.instruction, cfg.system_prompt)
     run_descs = [d for j, (d, _) in enumerate(steps) if not (
         fault.kind == "drop" and j == fault.step or fault.kind == "stop" and j >= fault.step)]
-    ran = []  # what the rollout's classify_failure looks at
     with C.HOSTS.slot() as host, C.start_env(task, internet=not cfg.no_internet, host=host) as env:
-        for d, cmd in zip(run_descs, fault.commands, strict=True):
-            r = act(env, msgs, f"Next: {d}.", cmd, cfg.command_timeout)
-            ran.append({"command": cmd, "exit_code": r.exit_code, "timed_out": r.timed_out})
-        msgs.append({"role": "assistant", "content": "The task is complete: " + "; ".join(run_descs) + "."})
+        faulty = list(zip(run_descs, fault.commands, strict=True))
+        ran = replay_attempt(env, msgs, faulty, cfg.command_timeout)
         snap = env.snapshot()  # before the verifier touches the container (Recovery-Bench)
         first = env.verify()
     try:

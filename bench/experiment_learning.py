@@ -53,7 +53,7 @@ class Config:
     out: str = "runs/experiment_learning"  # work folder (tasks, data, seed<s>/, results.json, learning.png)
     seeds: int = 3  # seeds 0..K-1 (model init, SFT order, sampling); tasks and split stay fixed
     n_tasks: int = 128  # micro tasks generated (train + held out)
-    heldout_frac: float = 0.25  # share of (src, dst) name pairs held out
+    heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
@@ -155,16 +155,14 @@ def solution_rows(tasks_dir: Path, path: Path, concurrency: int) -> int:
 
     build = importlib.import_module("01_build_data")
     writer = build.Writer(path)
-    todo = [t for t in C.load_tasks(tasks_dir) if t.name not in {r["task_id"] for r in writer.rows}]
+    done = {r["task_id"] for r in writer.rows}
+    todo = [t for t in C.load_tasks(tasks_dir) if t.name not in done]
 
     def solve(task: C.Task) -> None:
         steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
         msgs = C.initial_messages(task.instruction, microtasks.SYSTEM_PROMPT)
         with C.start_env(task, internet=False) as env:
-            for d, cmd in steps:
-                build.act(env, msgs, f"Next: {d}.", cmd, 30.0)
-            msgs.append({"role": "assistant", "content": "The task is complete: "
-                         + "; ".join(d for d, _ in steps) + "."})
+            build.replay_attempt(env, msgs, steps, 30.0)
             if env.verify().reward < 1.0:
                 raise RuntimeError(f"{task.name}: the oracle solution does not pass")
         row = build.make_row(task.name, msgs, 2, {"teacher": "oracle", "solution": True})

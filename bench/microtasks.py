@@ -31,9 +31,9 @@ import common as C  # noqa: E402
 
 # Each argument slot has its own vocabulary, and the policy's tokenizer holds every value as one
 # token (make_model): a source is a color, a destination an animal, a written word a food, a mode
-# one of six. So "which value goes here" is visible in the value itself, and a small model can learn
-# to copy it by what it is, not only by where it stands (an induction circuit it would need far more
-# CPU steps to form). Data files exist for every source, so any (source, destination) pair is valid.
+# one of six. So "which value goes here" is visible in the value itself, not only in where it stands.
+# (Measured: this alone did not make copying appear sooner; many small SFT steps did, see the
+# experiment.) Data files exist for every source, so any (source, destination) pair is valid.
 NAMES = ["red", "blue", "green", "gold", "pink", "gray", "cyan", "lime"]
 DESTS = ["fox", "owl", "elk", "yak", "emu", "seal", "wolf", "crow"]
 WORDS = ["apple", "bread", "cloud", "delta", "eagle", "flame", "grape", "honey"]
@@ -89,15 +89,16 @@ def data_files() -> dict[str, str]:
     return out
 
 
-def task_spec(template: str, src: str, dst: str, word: str, mode: str) -> dict:
-    """instruction, solve.sh steps [(description, command)] and the outcome check of one task."""
+def task_spec(template: str, src: str, dst: str, mode: str) -> dict:
+    """instruction, solve.sh steps [(description, command)] and the outcome check of one task.
+    src is the first argument: a source name, or for `write` the word to write."""
     out = f"/app/out/{dst}.txt"
     mk = ("make the output folder", "mkdir -p /app/out")
     only = f'[ "$(ls -A /app/out)" = "{dst}.txt" ] || fail "/app/out must hold only {dst}.txt"\n'
     if template == "write":
-        return {"instruction": f"Create the file {out} containing the single word {word}.",
-                "steps": [mk, (f"write {word} to {dst}", f"echo {word} > {out}")],
-                "check": only + f'[ "$(cat {out})" = "{word}" ] || fail "wrong content"\n'}
+        return {"instruction": f"Create the file {out} containing the single word {src}.",
+                "steps": [mk, (f"write {src} to {dst}", f"echo {src} > {out}")],
+                "check": only + f'[ "$(cat {out})" = "{src}" ] || fail "wrong content"\n'}
     if template == "copy":
         return {"instruction": f"Copy /app/data/{src}.txt to {out}.",
                 "steps": [mk, (f"copy {src} to {dst}", f"cp /app/data/{src}.txt {out}")],
@@ -124,9 +125,9 @@ def heldout_pairs(seed: int, frac: float) -> set[tuple[str, str]]:
     return set(pairs[: round(frac * len(pairs))])
 
 
-def write_task(root: Path, template: str, src: str, dst: str, word: str, mode: str) -> str:
-    spec = task_spec(template, src, dst, word, mode)
-    key = {"write": word, "copy": src, "count": src, "mode": f"{src}-{mode}"}[template]
+def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
+    spec = task_spec(template, src, dst, mode)
+    key = f"{src}-{mode}" if template == "mode" else src
     name = f"micro-{template}-{key}-{dst}"
     d = root / name
     for sub in ("environment/data", "tests/data", "solution"):
@@ -150,7 +151,7 @@ def write_task(root: Path, template: str, src: str, dst: str, word: str, mode: s
 def generate(out: str | Path, n: int = 64, heldout_frac: float = 0.25, seed: int = 0) -> dict:
     """Write n tasks (train/ and heldout/ under `out`); returns the split {train: [...], heldout: [...]}.
 
-    Parameters are drawn without repeats from all (template, src, dst, word, mode) combinations;
+    Parameters are drawn without repeats from all (template, first argument, dst) combinations;
     the split depends only on the (src, dst) pair, so it is fixed by the seed, not by n."""
     out = Path(out)
     held = heldout_pairs(seed, heldout_frac)
@@ -161,7 +162,7 @@ def generate(out: str | Path, n: int = 64, heldout_frac: float = 0.25, seed: int
     split: dict[str, list[str]] = {"train": [], "heldout": []}
     for template, src, dst in combos[:n]:
         part = "heldout" if (src, dst) in held else "train"
-        name = write_task(out / part, template, src, dst, src, rng.choice(MODES))
+        name = write_task(out / part, template, src, dst, rng.choice(MODES))
         split[part].append(name)
     split = {k: sorted(set(v)) for k, v in split.items()}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
