@@ -3,10 +3,11 @@
 A row pairs a FAILED first attempt (context, no loss) with a VERIFIED recovery of the same, un-reset
 container: attempt 1 is snapshotted before the verifier runs and must fail; the recovery
 runs in a fork of that snapshot and must pass. Teachers: `oracle` replays solution/solve.sh with one
-injected fault (a dropped step, a typo'd program, a wrong path or value, an early stop), then inspects
-and redoes the steps from the faulty one (offline, no model); `policy` is a local model (--model)
-recovering a student's (--student-model) failures; `openai` an OpenAI-compatible server. --import
-converts released ReTerm-10K rows instead. Rows already in --out are not redone: a killed run resumes.
+injected fault (a dropped step, a typo'd program, a wrong path, input file or value, an early stop),
+then inspects and redoes the steps from the faulty one (offline, no model); `policy` is a local model
+(--model) recovering a student's (--student-model) failures; `openai` an OpenAI-compatible server.
+--import converts released ReTerm-10K rows instead. Rows already in --out are not redone: a killed run
+resumes.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ EXPLAIN = {
              "ran the steps from '{d}' on"),
     "typo": ("'{bad}' is a typo for '{good}', so '{d}' failed.", "fixed the typo in '{d}'"),
     "path": ("'{d}' used the wrong path {bad} instead of {good}.", "redid '{d}' with the right path"),
+    "input": ("'{d}' read the wrong file {bad} instead of {good}.", "redid '{d}' with the right file"),
     "value": ("'{d}' used a wrong value ({bad} instead of {good}).", "redid '{d}' with the right value")}
 
 
@@ -162,7 +164,7 @@ def typo(word: str) -> str:
 
 @dataclasses.dataclass
 class Fault:
-    kind: str  # drop | stop | typo | path | value
+    kind: str  # drop | stop | typo | path | input | value
     step: int  # index of the faulty step (stop: the first step never run)
     key: str  # unique within a task; resume skips keys already in the output
     commands: list[str]  # attempt 1's commands
@@ -170,8 +172,11 @@ class Fault:
     good: str = ""
 
 
-def candidate_faults(steps: list[tuple[str, str]], rng: random.Random) -> list[Fault]:
-    """Every fault we can inject, shuffled, interleaved so the first few are of different kinds."""
+def candidate_faults(steps: list[tuple[str, str]], rng: random.Random,
+                     siblings: dict[str, list[str]] | None = None) -> list[Fault]:
+    """Every fault we can inject, shuffled, interleaved so the first few are of different kinds.
+    `siblings` (see input_siblings): for an input file a step reads, the other files beside it; an
+    `input` fault reads one of them instead (a plausible mix-up: the step runs, on the wrong data)."""
     cmds = [c for _, c in steps]
     n, by_kind = len(steps), collections.defaultdict(list)
     for i, cmd in enumerate(cmds):
@@ -190,6 +195,9 @@ def candidate_faults(steps: list[tuple[str, str]], rng: random.Random) -> list[F
             parent, base = p.rsplit("/", 1)
             bad = f"/tmp/{base}" if parent != "/tmp" else f"/tmp/{typo(base)}"
             wrong("path", p, cmd.replace(p, bad), bad, p)
+            if (siblings or {}).get(p):
+                bad = rng.choice(siblings[p])
+                wrong("input", p, cmd.replace(p, bad), bad, p)
         for m in list(NUMBER.finditer(cmd))[:2]:
             bad = str(int(m.group(1)) + 1)
             wrong("value", m.start(1), cmd[: m.start(1)] + bad + cmd[m.end(1):], bad, m.group(1))
@@ -264,12 +272,32 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
         C.remove_image(snap)
 
 
+def input_siblings(cfg: Config, task: C.Task, steps: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """{path: other files of its folder with its suffix} for each path the steps name that is a file
+    in the task's fresh container (an input, not an output), looked up in one container."""
+    paths = sorted({p for _, cmd in steps for p in PATH.findall(cmd)})
+    if not paths:
+        return {}
+    probe = (f"for p in {' '.join(paths)}; do [ -f $p ] || continue; "
+             'for s in "${p%/*}"/*; do [ -f "$s" ] && [ "$s" != "$p" ] && echo "$p $s"; done; done')
+    with C.HOSTS.slot() as host, C.start_env(task, internet=not cfg.no_internet, host=host) as env:
+        out = env.bash(probe, cfg.command_timeout).output
+    found = collections.defaultdict(list)
+    for p, s in (ln.split(" ", 1) for ln in out.splitlines() if ln.count(" ") == 1):
+        if p in paths and Path(s).suffix == Path(p).suffix and PATH.fullmatch(s):
+            found[p].append(s)
+    return dict(found)
+
+
 def oracle_task(cfg: Config, task: C.Task, writer: Writer) -> collections.Counter:
     steps = split_steps((task.solution_dir / "solve.sh").read_text())
     have = [r for r in writer.rows if r["task_id"] == task.name]
     done = {r.get("meta", {}).get("fault") for r in have}
     outcomes, n_ok = collections.Counter(), len(have)
-    for fault in candidate_faults(steps, random.Random(f"{cfg.seed}:{task.name}")):
+    if n_ok >= cfg.faults_per_task:
+        return outcomes
+    siblings = input_siblings(cfg, task, steps)
+    for fault in candidate_faults(steps, random.Random(f"{cfg.seed}:{task.name}"), siblings):
         if n_ok >= cfg.faults_per_task or sum(outcomes.values()) >= cfg.max_tries_per_task:
             break
         if fault.key in done:

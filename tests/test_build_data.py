@@ -106,6 +106,36 @@ def test_split_steps_and_faults():
     assert all(f.commands != [c for _, c in steps] for f in faults)
 
 
+def test_input_fault_reads_a_sibling_file_and_its_recovery_verifies(docker_ready, tmp_path):
+    """The `input` fault: a step reads another existing file of the same folder (the mix-up a policy
+    that copies the wrong argument makes); the oracle's recovery redoes the step on the right one."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import microtasks
+
+    name = microtasks.write_task(tmp_path, "copy", "green", "elk", "644")
+    task = C.load_task(tmp_path / name)
+    steps = B.split_steps((task.solution_dir / "solve.sh").read_text())
+    scaffold = C.load_scaffold(None)  # the prompts and timeouts main() fills in
+    cfg = B.Config(tasks=str(tmp_path), command_timeout=30.0, system_prompt=scaffold.system_prompt,
+                   recovery_prompt=scaffold.recovery_prompt)
+    with C.env_session():
+        siblings = B.input_siblings(cfg, task, steps)
+        # the input has its 7 siblings; the output does not exist yet, so it has none
+        assert set(siblings) == {"/app/data/green.txt"}
+        assert sorted(siblings["/app/data/green.txt"]) == sorted(
+            f"/app/data/{n}.txt" for n in microtasks.NAMES if n != "green")
+        fault = next(f for f in B.candidate_faults(steps, __import__("random").Random(0), siblings)
+                     if f.kind == "input")
+        assert fault.good == "/app/data/green.txt" and fault.bad in siblings[fault.good]
+        assert fault.commands[1] == f"cp {fault.bad} /app/out/elk.txt"
+        row, outcome = B.oracle_row(cfg, task, steps, fault)
+    assert outcome == "row" and row["meta"]["fault_kind"] == "input"
+    recovery = B.commands_of(row["messages"][row["train_from_message_index"]:])
+    assert recovery[-1] == "cp /app/data/green.txt /app/out/elk.txt"
+    diagnosis = row["messages"][row["train_from_message_index"] + 2]["content"]
+    assert f"read the wrong file {fault.bad} instead of {fault.good}" in diagnosis
+
+
 # ── openai teacher against a scripted local server ──────────────────────────
 
 
