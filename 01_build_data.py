@@ -243,6 +243,9 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
     msgs = C.initial_messages(task.instruction, cfg.system_prompt)
     run_descs = [d for j, (d, _) in enumerate(steps) if not (
         fault.kind == "drop" and j == fault.step or fault.kind == "stop" and j >= fault.step)]
+    if fault.kind == "input":  # a mix-up, not a slip: the attempt's own words name the wrong file too
+        stem = re.compile(rf"\b{re.escape(Path(fault.good).stem)}\b")
+        run_descs[fault.step] = stem.sub(Path(fault.bad).stem, run_descs[fault.step])
     with C.HOSTS.slot() as host, C.start_env(task, internet=not cfg.no_internet, host=host) as env:
         faulty = list(zip(run_descs, fault.commands, strict=True))
         ran = replay_attempt(env, msgs, faulty, cfg.command_timeout)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -130,6 +131,9 @@ def test_input_fault_reads_a_sibling_file_and_its_recovery_verifies(docker_ready
         assert fault.commands[1] == f"cp {fault.bad} /app/out/elk.txt"
         row, outcome = B.oracle_row(cfg, task, steps, fault)
     assert outcome == "row" and row["meta"]["fault_kind"] == "input"
+    first = row["messages"][: row["train_from_message_index"]]
+    wrong = Path(fault.bad).stem
+    assert f"Next: copy {wrong} to elk." in [m["content"] for m in first]  # the thought shares the mix-up
     recovery = B.commands_of(row["messages"][row["train_from_message_index"]:])
     assert recovery[-1] == "cp /app/data/green.txt /app/out/elk.txt"
     diagnosis = row["messages"][row["train_from_message_index"] + 2]["content"]
