@@ -57,11 +57,11 @@ class Config:
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
-    faults_per_task: int = 3  # 01: verified recovery rows per train task
+    faults_per_task: int = 4  # 01: verified recovery rows per train task
     warmup_steps: int = 1600  # 02, phase 1: steps on the solutions alone (copying appeared at ~500-1100)
     warmup_lr: float = 3e-3  # 02, phase 1: peak learning rate (from scratch)
-    sft_steps: int = 400  # 02, phase 2: steps on recovery rows + solutions
-    sft_lr: float = 1e-3  # 02, phase 2: peak learning rate
+    sft_steps: int = 1200  # 02, phase 2: steps on recovery rows + solutions (400 left recoveries garbled)
+    sft_lr: float = 1e-3  # 02, phase 2: learning rate (constant, as phase 1)
     sft_batch_tokens: int = 2048  # 02 padded tokens per step: many small steps, not few large ones
     sft_max_len: int = 2048  # 02 tokens per row (longer rows lose context from the left)
     attempts: int = 2  # 03: attempts per task (held-out and train)
@@ -70,7 +70,7 @@ class Config:
     batch_states: int = 4  # 04 B: groups per step
     group_size: int = 4  # 04 G: attempts per group
     fresh_frac: float = 0.25  # 04 fork mode: share of fresh-start groups feeding the pool
-    grpo_lr: float = 1e-3  # 04 learning rate
+    grpo_lr: float = 3e-4  # 04 learning rate
     recovery_samples: int = 2  # Recovery@1: forks per held-out failure state
     eval_trials: int = 2  # 05: trials per held-out task
     max_turns: int = 6  # assistant turns per attempt
@@ -198,16 +198,15 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     base = out / "base"
     if not (base / "config.json").exists():
         microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed)
-    # phase 1 at a constant learning rate without weight decay: a decaying one ends before copying appears
-    constant = ["--min-lr-ratio", 1, "--weight-decay", 0]
-    phases = (("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr, constant),
-              ("sft", data, out / "warmup/final", cfg.sft_steps, cfg.sft_lr, []))
-    for phase, rows, start, steps, lr, extra in phases:
+    # a constant learning rate without weight decay: a decaying one ends before copying appears
+    phases = (("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr),
+              ("sft", data, out / "warmup/final", cfg.sft_steps, cfg.sft_lr))
+    for phase, rows, start, steps, lr in phases:
         if not (out / phase / "final/config.json").exists():
             sh(["02_sft.py", "--data", rows, "--model", start, "--out", out / phase, "--max-steps", steps,
-                "--lr", lr, "--warmup-steps", max(1, steps // 24), "--max-len", cfg.sft_max_len,
-                "--micro-batch-tokens", cfg.sft_batch_tokens, "--grad-accum", 1, "--save-every", 0,
-                "--no-activation-checkpointing", "--seed", seed, *extra], log)
+                "--lr", lr, "--warmup-steps", max(1, steps // 24), "--min-lr-ratio", 1, "--weight-decay", 0,
+                "--max-len", cfg.sft_max_len, "--micro-batch-tokens", cfg.sft_batch_tokens, "--grad-accum", 1,
+                "--save-every", 0, "--no-activation-checkpointing", "--seed", seed], log)
     sft = out / "sft/final"
     sft_rows = C.read_jsonl(out / "sft/metrics.jsonl")
     res["sft_loss"] = [sft_rows[0]["loss"], sft_rows[-1]["loss"]]
