@@ -64,6 +64,7 @@ class Config:
     sft_lr: float = 1e-3  # 02, phase 2: learning rate (constant, as phase 1)
     sft_batch_tokens: int = 2048  # 02 padded tokens per step: many small steps, not few large ones
     sft_max_len: int = 2048  # 02 tokens per row (longer rows lose context from the left)
+    repair_steps: int = 400  # 02, phase 3: steps on repair_rows + the phase-2 data (0: no phase 3)
     attempts: int = 2  # 03: attempts per task (held-out and train)
     grpo_steps: int = 8  # 04 fork-mode steps in all
     eval_every: int = 8  # 04 steps per chunk (an evaluation point after each; 8 = only at the end)
@@ -175,6 +176,62 @@ def solution_rows(tasks_dir: Path, path: Path, concurrency: int) -> int:
     return len(writer.rows)
 
 
+def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -> int:
+    """Recovery rows from the policy's OWN failure states (03's snapshots): in a fork of each, the
+    oracle inspects, removes what the failed attempt added that the solution never names (a file
+    under a wrong name, say), and replays solve.sh from the first step; kept only if the tests
+    pass. Stage 01's faults are guesses at how an attempt fails; these first attempts are the
+    policy's own (wrong destinations, wrong words, malformed calls), so their recoveries are
+    the ones it needs. Returns the rows in `path`."""
+    import importlib
+
+    build = importlib.import_module("01_build_data")
+    grpo = importlib.import_module("04_reterm_grpo")
+    writer = build.Writer(path)
+    done = {r["meta"]["state"] for r in writer.rows}
+    by_name = {t.name: t for t in C.load_tasks(tasks_dir)}
+    todo = [s for s in grpo.load_failures(failures) if s.id not in done and s.task in by_name]
+
+    def files(env: C.Env, roots: list[str]) -> set[str]:
+        out = env.bash(f"find {' '.join(roots)} -xdev -mindepth 1 2>/dev/null", 30.0).output
+        return {ln for ln in out.splitlines() if ln.startswith("/") and "/.reterm" not in ln}
+
+    def repair(state: C.FailureState) -> None:
+        task = by_name[state.task]
+        steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
+        named = {p for _, c in steps for p in build.PATH.findall(c)}
+        named |= {str(Path(p).parent) for p in named}
+        roots = sorted({"/tmp"} | {"/" + p.split("/")[1] for p in named})
+        with C.start_env(task, internet=False) as env:
+            fresh = files(env, roots)
+        msgs = state.messages[: max(i for i, m in enumerate(state.messages) if m["role"] == "assistant") + 1]
+        msgs = msgs + state.messages[len(msgs):] + [C.recovery_message(task.instruction, C.RECOVERY_PROMPT)]
+        train_from = len(msgs)
+        with C.fork(state.snapshot, task, 1, internet=False)[0] as env:
+            added = files(env, roots) - fresh - named
+            stray = sorted(p for p in added if not any(p.startswith(q + "/") for q in added))
+            dirs = sorted(p for p in named if not Path(p).suffix)
+            build.act(env, msgs, "The previous attempt failed. Let me inspect the current state before "
+                      "changing anything.", f"ls -la {' '.join(dirs[:3]) or '.'}", 30.0)
+            if stray:
+                build.act(env, msgs, f"The previous attempt left {', '.join(stray)}, which the task does "
+                          "not ask for. First I remove it.", f"rm -rf -- {' '.join(stray)}", 30.0)
+            for j, (d, cmd) in enumerate(steps):
+                build.act(env, msgs, f"I will redo the task from the first step: {d}." if j == 0 else
+                          f"Next: {d}.", cmd, 30.0)
+            msgs.append({"role": "assistant", "content": "I redid every step of the task; it is complete."})
+            if env.verify().reward < 1.0:
+                return
+        meta = {"teacher": "oracle-repair", "state": state.id, "error_category": state.category}
+        writer.add(build.make_row(task.name, msgs, train_from, meta))
+
+    with C.env_session():
+        for _, res in C.run_concurrently(repair, todo, concurrency, "repair rows"):
+            if isinstance(res, Exception):
+                print(f"repair: {type(res).__name__}: {res}")
+    return len(writer.rows)
+
+
 def remove_snapshots(*failure_files: Path) -> None:
     for f in failure_files:
         for row in C.read_jsonl(f):
@@ -198,17 +255,35 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     base = out / "base"
     if not (base / "config.json").exists():
         microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed)
-    # a constant learning rate without weight decay: a decaying one ends before copying appears
-    phases = (("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr),
-              ("sft", data, out / "warmup/final", cfg.sft_steps, cfg.sft_lr))
-    for phase, rows, start, steps, lr in phases:
+    def sft_phase(phase: str, rows: Path, start: Path, steps: int, lr: float) -> Path:
+        # a constant learning rate without weight decay: a decaying one ends before copying appears
         if not (out / phase / "final/config.json").exists():
             sh(["02_sft.py", "--data", rows, "--model", start, "--out", out / phase, "--max-steps", steps,
                 "--lr", lr, "--warmup-steps", max(1, steps // 24), "--min-lr-ratio", 1, "--weight-decay", 0,
                 "--max-len", cfg.sft_max_len, "--micro-batch-tokens", cfg.sft_batch_tokens, "--grad-accum", 1,
                 "--save-every", 0, "--no-activation-checkpointing", "--seed", seed], log)
-    sft = out / "sft/final"
-    sft_rows = C.read_jsonl(out / "sft/metrics.jsonl")
+        return out / phase / "final"
+
+    sft = sft_phase("sft", data, sft_phase("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr),
+                    cfg.sft_steps, cfg.sft_lr)
+    if cfg.repair_steps:  # phase 3: recoveries of this policy's own train failures, repaired by the oracle
+        repairs = out / "repair_rows.jsonl"
+        if not repairs.exists():
+            pre = out / "failures_pre"
+            sh(["03_collect_failures.py", "--tasks", train_dir, "--model", sft, "--out", pre, "--attempts",
+                cfg.attempts, "--seed", seed + 1000, "--temperature", 1.0, *roll_flags(cfg)], log)
+            (pre / "failures.jsonl").touch()
+            try:
+                repair_rows(pre / "failures.jsonl", train_dir, pre / "repair_rows.jsonl", cfg.concurrency)
+            finally:
+                remove_snapshots(pre / "failures.jsonl")
+            (pre / "repair_rows.jsonl").touch()
+            (pre / "repair_rows.jsonl").rename(repairs)  # complete: a resumed run does not redo it
+        mix = out / "sft_repair.jsonl"
+        mix.write_text(repairs.read_text() + data.read_text())
+        res["n_repair_rows"] = len(C.read_jsonl(repairs))
+        sft = sft_phase("repair", mix, sft, cfg.repair_steps, cfg.sft_lr)
+    sft_rows = C.read_jsonl(sft.parent / "metrics.jsonl")
     res["sft_loss"] = [sft_rows[0]["loss"], sft_rows[-1]["loss"]]
     lap("sft")
     res["base_pass_at_1"] = pass_at_1(cfg, base, held_dir, out / "eval_base", seed, log)
