@@ -4,6 +4,7 @@ policy's log-probability of the successful recoveries relative to the failed one
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -60,6 +61,42 @@ def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, t
         with C.start_env(task) as env:
             env.bash(solve)
             assert env.verify().reward == 1.0
+
+
+def test_repair_rows_remove_the_policys_stray_output_and_verify(docker_ready, tmp_path):
+    """experiment_learning.repair_rows on a failure state made by hand: the output was written under
+    the wrong name. The repair removes that file (and nothing the solution names), replays the
+    solution, and the row is kept because the tests pass in the fork."""
+    import experiment_learning as E
+
+    name = microtasks.write_task(tmp_path / "t", "copy", "green", "elk", "644")
+    task = C.load_task(tmp_path / "t" / name)
+    call = {"type": "function", "function": {"name": "bash", "arguments": {
+        "command": "mkdir -p /app/out && cp /app/data/green.txt /app/out/owl.txt"}}}
+    failed = C.initial_messages(task.instruction) + [
+        {"role": "assistant", "content": "Next: copy green to owl.", "tool_calls": [call]},
+        {"role": "tool", "content": "[exit code: 0]"},
+        {"role": "assistant", "content": "The task is complete."}]
+    with C.env_session():
+        with C.start_env(task) as env:
+            env.bash(call["function"]["arguments"]["command"])
+            snap = env.snapshot()
+            assert env.verify().reward == 0.0
+        # token ids: only a rollout's context needs them, the repair reads the messages
+        state = C.FailureState("s0", name, snap, failed, [], "faulty_implementation")
+        failures = tmp_path / "failures.jsonl"
+        C.append_jsonl(failures, dataclasses.asdict(state))
+        try:
+            assert E.repair_rows(failures, tmp_path / "t", tmp_path / "rows.jsonl", 2) == 1
+        finally:
+            C.remove_image(snap)
+    row = C.read_jsonl(tmp_path / "rows.jsonl")[0]
+    tfi = row["train_from_message_index"]
+    assert row["messages"][:tfi - 1] == failed and row["messages"][tfi - 1]["role"] == "user"
+    cmds = [c["function"]["arguments"]["command"]
+            for m in row["messages"][tfi:] for c in m.get("tool_calls") or []]
+    assert cmds[1:] == ["rm -rf -- /app/out/owl.txt", "mkdir -p /app/out",
+                        "cp /app/data/green.txt /app/out/elk.txt"], cmds
 
 
 def _run(args: list, log: Path) -> None:
