@@ -13,7 +13,8 @@ Every stage is the real script, run as a subprocess:
          appears abruptly after ~500 of them, and the recovery rows' long contexts only delay it),
          then the recovery rows + solutions: loss on the recovery attempts and on the solutions, never
          on the faulty first attempts. The SFT policy then fails some tasks by itself (sampling at
-         temperature 1, arguments it copies wrong);
+         temperature 1, arguments it copies wrong); a third run (--repair-steps) adds repair_rows:
+         its own train failures (03), each repaired by the oracle in a fork and verified;
   05     base Pass@1 on held-out (temperature 1);
   03     failure states of the SFT policy on held-out (their pass rate is the SFT Pass@1 at
          temperature 1; the states are the fixed Recovery@1 benchmark) and on train (the GRPO pool);
