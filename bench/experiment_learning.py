@@ -205,8 +205,8 @@ def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -
         roots = sorted({"/tmp"} | {"/" + p.split("/")[1] for p in named})
         with C.start_env(task, internet=False) as env:
             fresh = files(env, roots)
-        msgs = state.messages[: max(i for i, m in enumerate(state.messages) if m["role"] == "assistant") + 1]
-        msgs = msgs + state.messages[len(msgs):] + [C.recovery_message(task.instruction, C.RECOVERY_PROMPT)]
+        # the context a recovery rollout sees (the experiment keeps the default recovery prompt)
+        msgs = state.messages + [C.recovery_message(task.instruction, C.RECOVERY_PROMPT)]
         train_from = len(msgs)
         with C.fork(state.snapshot, task, 1, internet=False)[0] as env:
             added = files(env, roots) - fresh - named
@@ -215,8 +215,9 @@ def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -
             build.act(env, msgs, "The previous attempt failed. Let me inspect the current state before "
                       "changing anything.", f"ls -la {' '.join(dirs[:3]) or '.'}", 30.0)
             if stray:
+                it = "it" if len(stray) == 1 else "them"
                 build.act(env, msgs, f"The previous attempt left {', '.join(stray)}, which the task does "
-                          "not ask for. First I remove it.", f"rm -rf -- {' '.join(stray)}", 30.0)
+                          f"not ask for. First I remove {it}.", f"rm -rf -- {' '.join(stray)}", 30.0)
             for j, (d, cmd) in enumerate(steps):
                 build.act(env, msgs, f"I will redo the task from the first step: {d}." if j == 0 else
                           f"Next: {d}.", cmd, 30.0)
@@ -256,6 +257,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     base = out / "base"
     if not (base / "config.json").exists():
         microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed)
+
     def sft_phase(phase: str, rows: Path, start: Path, steps: int, lr: float) -> Path:
         # a constant learning rate without weight decay: a decaying one ends before copying appears
         if not (out / phase / "final/config.json").exists():
