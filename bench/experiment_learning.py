@@ -184,6 +184,7 @@ def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -
     pass. Stage 01's faults are guesses at how an attempt fails; these first attempts are the
     policy's own (wrong destinations, wrong words, malformed calls), so their recoveries are
     the ones it needs. Returns the rows in `path`."""
+    import functools
     import importlib
 
     build = importlib.import_module("01_build_data")
@@ -197,14 +198,20 @@ def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -
         out = env.bash(f"find {' '.join(roots)} -xdev -mindepth 1 2>/dev/null", 30.0).output
         return {ln for ln in out.splitlines() if ln.startswith("/") and "/.reterm" not in ln}
 
-    def repair(state: C.FailureState) -> None:
-        task = by_name[state.task]
+    @functools.cache  # per task, not per state: every state of a task shares its solution and image
+    def solution(name: str) -> tuple[list[tuple[str, str]], set[str], list[str], set[str]]:
+        """(steps, paths the solution names + their folders, folders to list, files of a fresh container)"""
+        task = by_name[name]
         steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
         named = {p for _, c in steps for p in build.PATH.findall(c)}
         named |= {str(Path(p).parent) for p in named}
         roots = sorted({"/tmp"} | {"/" + p.split("/")[1] for p in named})
         with C.start_env(task, internet=False) as env:
-            fresh = files(env, roots)
+            return steps, named, roots, files(env, roots)
+
+    def repair(state: C.FailureState) -> None:
+        task = by_name[state.task]
+        steps, named, roots, fresh = solution(task.name)
         # the context a recovery rollout sees (the experiment keeps the default recovery prompt)
         msgs = state.messages + [C.recovery_message(task.instruction, C.RECOVERY_PROMPT)]
         train_from = len(msgs)
