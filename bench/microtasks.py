@@ -1,6 +1,6 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
-    python bench/microtasks.py OUT [--n 64] [--heldout-frac 0.25] [--seed 0]
+    python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
 Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json). Every task is 1-3 bash
@@ -148,23 +148,28 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
     return name
 
 
-def generate(out: str | Path, n: int = 64, heldout_frac: float = 0.25, seed: int = 0) -> dict:
-    """Write n tasks (train/ and heldout/ under `out`); returns the split {train: [...], heldout: [...]}.
+def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
+             seed: int = 0) -> dict:
+    """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/); returns
+    the split {train: [...], heldout: [...]}.
 
-    Parameters are drawn without repeats from all (template, first argument, dst) combinations;
-    the split depends only on the (src, dst) pair, so it is fixed by the seed, not by n."""
+    Parameters are drawn without repeats from all (template, first argument, destination, mode)
+    combinations in one seeded order, each part taking the first of its own; a task's part depends
+    only on its (first argument, destination) pair, so a larger n never moves a task across the split.
+    Every mode makes a distinct `mode` task: the family has 576 tasks, 418 of them on train pairs
+    at the default split (seed 0, 0.25)."""
     out = Path(out)
     held = heldout_pairs(seed, heldout_frac)
-    rng = random.Random(f"tasks:{seed}")
-    # write has no source file: its first argument is the word
-    combos = [(t, s, d) for t in TEMPLATES for s in (WORDS if t == "write" else NAMES) for d in DESTS]
-    rng.shuffle(combos)
+    # write has no source file (its first argument is the word); only the mode template uses a mode
+    combos = [(t, s, d, m) for t in TEMPLATES for s in (WORDS if t == "write" else NAMES) for d in DESTS
+              for m in (MODES if t == "mode" else [""])]
+    random.Random(f"tasks:{seed}").shuffle(combos)
     split: dict[str, list[str]] = {"train": [], "heldout": []}
-    for template, src, dst in combos[:n]:
+    for template, src, dst, mode in combos:
         part = "heldout" if (src, dst) in held else "train"
-        name = write_task(out / part, template, src, dst, rng.choice(MODES))
-        split[part].append(name)
-    split = {k: sorted(set(v)) for k, v in split.items()}
+        if len(split[part]) < (n_heldout if part == "heldout" else n_train):
+            split[part].append(write_task(out / part, template, src, dst, mode))
+    split = {k: sorted(v) for k, v in split.items()}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     return split
 
@@ -220,7 +225,8 @@ def env_hash(root: str | Path) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", nargs="?", help="folder for train/, heldout/ and split.json")
-    p.add_argument("--n", type=int, default=64, help="tasks to write (train + held out)")
+    p.add_argument("--train", type=int, default=48, help="train tasks (418 at the default split)")
+    p.add_argument("--heldout", type=int, default=16, help="held-out tasks (158 at the default split)")
     p.add_argument("--heldout-frac", type=float, default=0.25, help="share of (src, dst) name pairs held out")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
     p.add_argument("--model", help="write a random-init Qwen3 policy here instead")
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not a.out:
         p.error("OUT is required (or --model)")
-    s = generate(a.out, a.n, a.heldout_frac, a.seed)
+    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed)
     print(f"{len(s['train'])} train, {len(s['heldout'])} held-out tasks under {a.out}")
 
 

@@ -25,8 +25,8 @@ EV = importlib.import_module("05_eval_tb2")
 
 
 def test_generator_split_is_by_parameters_and_fixed(tmp_path):
-    a = microtasks.generate(tmp_path / "a", n=48, seed=0)
-    b = microtasks.generate(tmp_path / "b", n=64, seed=0)
+    a = microtasks.generate(tmp_path / "a", n_train=36, n_heldout=12, seed=0)
+    b = microtasks.generate(tmp_path / "b", n_train=48, n_heldout=16, seed=0)
     assert a["heldout"] and a["train"] and not set(a["heldout"]) & set(a["train"])
     # more tasks never move a task across the split (it depends on the parameters only)
     assert set(a["heldout"]) <= set(b["heldout"]) and set(a["train"]) <= set(b["train"])
@@ -44,7 +44,7 @@ def test_generator_split_is_by_parameters_and_fixed(tmp_path):
 
 
 def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, tmp_path):
-    split = microtasks.generate(tmp_path / "mt", n=12, seed=0)
+    split = microtasks.generate(tmp_path / "mt", n_train=12, n_heldout=4, seed=0)
     tasks = tmp_path / "mt/train"
     assert EV.main(["--tasks", str(tasks), "--agent", "oracle", "--out", str(tmp_path / "o"),
                     "--concurrency", "4"])["pass_at_1"] == 1.0
@@ -119,7 +119,7 @@ def _mean_logp(model, rows: list, pad_id: int) -> list[float]:
 
 
 def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready, tmp_path):
-    split = microtasks.generate(tmp_path / "mt", n=12, seed=0)
+    split = microtasks.generate(tmp_path / "mt", n_train=12, n_heldout=4, seed=0)
     name = next(n for n in split["train"] if n.startswith("micro-copy"))
     tasks_dir = tmp_path / "mt/train"
     task = C.load_task(tasks_dir / name)
