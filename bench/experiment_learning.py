@@ -10,10 +10,11 @@ Every stage is the real script, run as a subprocess:
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes);
   per seed s (model init, data order, sampling):
-  02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in two runs of the stage script:
+  02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction
-         appears abruptly after ~500 of them, and the recovery rows' long contexts only delay it),
-         then the recovery rows + solutions: loss on the recovery attempts and on the solutions, never
+         appears abruptly, after 500 to over 2,000 of them, and the recovery rows' long contexts only
+         delay it; more warm-up runs follow until the loss shows it, see --copy-loss), then the
+         recovery rows + solutions: loss on the recovery attempts and on the solutions, never
          on the faulty first attempts (recovering, i.e. copying the instruction's value while the failed
          attempt's wrong one is in context, appears later still: dev Recovery@1 0 after 1,200 steps,
          0.17 after 3,600). The SFT policy then fails some tasks by itself (sampling at
@@ -67,6 +68,8 @@ class Config:
     faults_per_task: int = 1  # 01: verified recovery rows per train task (many tasks, not many faults)
     warmup_steps: int = 2000  # 02, phase 1: steps on the solutions alone (copying appeared at ~1450)
     warmup_lr: float = 3e-3  # 02, phase 1: peak learning rate (from scratch)
+    copy_loss: float = 0.05  # 02, phase 1: loss that shows copying (before it: ~0.11-0.13; after: ~0.01)
+    warmup_extra: int = 4  # 02, phase 1: at most this many more runs of warmup_steps/2 until copy_loss
     sft_steps: int = 3600  # 02, phase 2: steps on recovery rows + solutions (none recovered after 1200)
     sft_lr: float = 1e-3  # 02, phase 2: learning rate (constant, as phase 1)
     sft_batch_tokens: int = 2048  # 02 padded tokens per step: many small steps, not few large ones
@@ -253,6 +256,12 @@ def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -
     return len(writer.rows)
 
 
+def train_loss(model: Path, last: int = 100) -> float:
+    """Mean training loss of the last `last` steps of the 02 run that wrote `model` (its final/)."""
+    rows = C.read_jsonl(model.parent / "metrics.jsonl")[-last:]
+    return sum(r["loss"] for r in rows) / len(rows)
+
+
 def remove_snapshots(*failure_files: Path) -> None:
     for f in failure_files:
         for row in C.read_jsonl(f):
@@ -286,8 +295,15 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
                 "--save-every", 0, "--no-activation-checkpointing", "--seed", seed], log)
         return out / phase / "final"
 
-    sft = sft_phase("sft", data, sft_phase("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr),
-                    cfg.sft_steps, cfg.sft_lr)
+    warm = sft_phase("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr)
+    # Copying appears abruptly after a seed- and data-dependent number of steps (~1,450 to over 2,000
+    # measured), so phase 1 goes on, one fresh 02 run from the last at a time, until its loss shows it.
+    res["warmup_runs"] = 1
+    while train_loss(warm) > cfg.copy_loss and res["warmup_runs"] <= cfg.warmup_extra:
+        warm = sft_phase(f"warmup{res['warmup_runs']}", solutions, warm, cfg.warmup_steps // 2, cfg.warmup_lr)
+        res["warmup_runs"] += 1
+    res["warmup_loss"] = train_loss(warm)
+    sft = sft_phase("sft", data, warm, cfg.sft_steps, cfg.sft_lr)
     if cfg.repair_steps:  # phase 3: recoveries of this policy's own train failures, repaired by the oracle
         repairs = out / "repair_rows.jsonl"
         if not repairs.exists():
