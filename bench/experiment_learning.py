@@ -12,7 +12,7 @@ Every stage is the real script, run as a subprocess:
   per seed s (model init, data order, sampling):
   02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction
-         appears abruptly, after 500 to over 2,000 of them, and the recovery rows' long contexts only
+         appears abruptly, after 500 to 2,600 of them, and the recovery rows' long contexts only
          delay it; more warm-up runs follow until the loss shows it, see --copy-loss), then the
          recovery rows + solutions: loss on the recovery attempts and on the solutions, never
          on the faulty first attempts (recovering, i.e. copying the instruction's value while the failed
@@ -66,7 +66,7 @@ class Config:
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
     faults_per_task: int = 1  # 01: verified recovery rows per train task (many tasks, not many faults)
-    warmup_steps: int = 2000  # 02, phase 1: steps on the solutions alone (copying appeared at ~1450)
+    warmup_steps: int = 2000  # 02, phase 1: steps on the solutions alone (copying appeared at ~1,450-2,600)
     warmup_lr: float = 3e-3  # 02, phase 1: peak learning rate (from scratch)
     copy_loss: float = 0.05  # 02, phase 1: loss that shows copying (before it: ~0.11-0.13; after: ~0.01)
     warmup_extra: int = 4  # 02, phase 1: at most this many more runs of warmup_steps/2 until copy_loss
@@ -296,7 +296,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         return out / phase / "final"
 
     warm = sft_phase("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr)
-    # Copying appears abruptly after a seed- and data-dependent number of steps (~1,450 to over 2,000
+    # Copying appears abruptly after a seed- and data-dependent number of steps (~1,450 to ~2,600
     # measured), so phase 1 goes on, one fresh 02 run from the last at a time, until its loss shows it.
     res["warmup_runs"] = 1
     while train_loss(warm) > cfg.copy_loss and res["warmup_runs"] <= cfg.warmup_extra:
