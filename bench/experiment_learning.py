@@ -298,11 +298,11 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     warm = sft_phase("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr)
     # Copying appears abruptly after a seed- and data-dependent number of steps (~1,450 to ~2,600
     # measured), so phase 1 goes on, one fresh 02 run from the last at a time, until its loss shows it.
-    res["warmup_runs"] = 1
-    while train_loss(warm) > cfg.copy_loss and res["warmup_runs"] <= cfg.warmup_extra:
-        warm = sft_phase(f"warmup{res['warmup_runs']}", solutions, warm, cfg.warmup_steps // 2, cfg.warmup_lr)
-        res["warmup_runs"] += 1
-    res["warmup_loss"] = train_loss(warm)
+    runs, loss = 1, train_loss(warm)
+    while loss > cfg.copy_loss and runs <= cfg.warmup_extra:
+        warm = sft_phase(f"warmup{runs}", solutions, warm, cfg.warmup_steps // 2, cfg.warmup_lr)
+        runs, loss = runs + 1, train_loss(warm)
+    res["warmup_runs"], res["warmup_loss"] = runs, loss
     sft = sft_phase("sft", data, warm, cfg.sft_steps, cfg.sft_lr)
     if cfg.repair_steps:  # phase 3: recoveries of this policy's own train failures, repaired by the oracle
         repairs = out / "repair_rows.jsonl"
