@@ -9,9 +9,12 @@ One step:
   4. the new weights go into the running engine (no restart).
 --mode standard is the paper's baseline: G fresh attempts per task, no forks, same everything else.
 
-Pool rule: weight(s) = max(--floor, 1 - p(s)), p(s) = the success rate of the latest group forked
-from s (unseen: 0); B states drawn without replacement (Efraimidis-Spirakis keys); fresh groups and
---mode standard draw tasks the same way. A state whose last --retire-after groups all succeeded is
+Pool rule: p(s) = the success rate of the latest group forked from s; weight(s) = 1 while unseen,
+then max(--floor, 1 - p(s)) (--pool-weight hard: the states it fails most) or max(--floor,
+4 p(s) (1 - p(s))) (learnable: a group is all-equal, no signal, with probability p^G + (1-p)^G,
+least at p = 0.5; on a small pool it trains a few states over and over, see the README); B states
+drawn without replacement (Efraimidis-Spirakis keys); fresh groups and --mode standard draw tasks
+the same way. A state whose last --retire-after groups all succeeded is
 mastered and leaves, as do the lowest-weight, oldest states above --pool-max. The pool owns one
 image tag per state (stage 03's snapshots are re-tagged, never removed), untagged as it leaves.
 
@@ -55,7 +58,8 @@ class Config:
     batch_states: int = 16  # B: groups per step (failure states, or tasks in standard mode)
     group_size: int = 8  # G: attempts per group
     fresh_frac: float = 0.25  # fork mode: share of groups that start fresh and feed the pool
-    floor: float = 0.1  # pool sampling weight floor: mastered states are still drawn sometimes
+    floor: float = 0.1  # pool sampling weight floor: no state's weight drops below it
+    pool_weight: str = "hard"  # hard: max(floor, 1-p) | learnable: max(floor, 4p(1-p)); p = latest group
     retire_after: int = 2  # a state leaves the pool after this many all-success groups in a row
     pool_max: int = 4096  # the pool's capacity (lowest-weight, oldest states leave first)
     lr: float = 1e-6  # AdamW learning rate
@@ -166,18 +170,22 @@ def load_failures(path: str | Path) -> list[C.FailureState]:
     return [C.FailureState(**{k: v for k, v in row.items() if k in names}) for row in C.read_jsonl(path)]
 
 
-def weight(hist: list[float], floor: float) -> float:
-    return max(floor, 1.0 - (hist[-1] if hist else 0.0))
+def weight(hist: list[float], floor: float, rule: str = "hard") -> float:
+    """Sampling weight of a state (or task) from its groups' success rates; unseen: 1."""
+    if not hist:
+        return 1.0
+    p = hist[-1]
+    return max(floor, 1.0 - p if rule == "hard" else 4.0 * p * (1.0 - p))
 
 
 class Pool:
     """The failure states GRPO forks from, and the success history that weights their draws.
-    weight(s) = max(floor, 1 - latest success rate of a group from s) (unseen: 1). The pool owns
-    one image tag per state and removes it when the state leaves."""
+    weight(s): see `weight` (unseen: 1). The pool owns one image tag per state and removes it when
+    the state leaves."""
 
-    def __init__(self, floor: float, states: dict | None = None, hist: dict | None = None,
-                 skipped_long: int = 0, **_: object):
-        self.floor, self.skipped_long = floor, skipped_long
+    def __init__(self, floor: float, rule: str = "hard", states: dict | None = None,
+                 hist: dict | None = None, skipped_long: int = 0, **_: object):
+        self.floor, self.rule, self.skipped_long = floor, rule, skipped_long
         self.states: dict[str, dict] = states or {}  # id -> {"state": FailureState fields, "added": step}
         self.hist: dict[str, list[float]] = hist or {}  # state id or task name -> group success rates
 
@@ -199,8 +207,8 @@ class Pool:
 
     def sample(self, keys: list[str], k: int, rng: random.Random) -> list[str]:
         """k keys without replacement, P ∝ weight (Efraimidis-Spirakis keys); tasks are drawn the same way."""
-        return sorted(keys, key=lambda s: rng.random() ** (1.0 / weight(self.hist.get(s, []), self.floor)),
-                      reverse=True)[:k]
+        w = {s: weight(self.hist.get(s, []), self.floor, self.rule) for s in keys}
+        return sorted(keys, key=lambda s: rng.random() ** (1.0 / w[s]), reverse=True)[:k]
 
     def record(self, group: Group) -> None:
         if group.episodes:
@@ -217,7 +225,7 @@ class Pool:
         gone = [s for s in self.states if len(hist.get(s, [])) >= retire_after
                 and all(h == 1.0 for h in hist[s][-retire_after:])]
         rest = sorted((s for s in self.states if s not in gone),
-                      key=lambda s: (weight(hist.get(s, []), self.floor), self.states[s]["added"]))
+                      key=lambda s: (weight(hist.get(s, []), self.floor, self.rule), self.states[s]["added"]))
         gone += rest[: max(0, len(rest) - pool_max)]
         for s in gone:
             self.remove(s)
@@ -247,7 +255,7 @@ def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -
     """Stage 03's failure states, each re-tagged as the pool's own image (dropping the tag later
     never touches the original); states of other tasks, gone images, lost engines and prefixes
     that fill the context are skipped."""
-    pool = Pool(cfg.floor)
+    pool = Pool(cfg.floor, cfg.pool_weight)
     if cfg.mode != "fork" or not cfg.failures:
         return pool
     repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
@@ -484,7 +492,10 @@ def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict |
     """Rank 0 only (the one rank that talks to Docker engines): the pool (resumed or from stage
     03) and the engine."""
     C.use_docker_hosts(cfg.docker_hosts)
-    pool = Pool(cfg.floor, **extra["pool"]) if extra else init_pool(cfg, out, tasks, tok, rcfg)
+    if extra:  # resumed: the checkpoint's pool
+        pool = Pool(cfg.floor, cfg.pool_weight, **extra["pool"])
+    else:
+        pool = init_pool(cfg, out, tasks, tok, rcfg)
     _gc_orphans(out, pool)
     if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
         raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
@@ -518,6 +529,7 @@ def log_step(row: dict, trained: bool) -> None:
 def main(argv: list[str] | None = None) -> Path:
     cfg = C.parse_config(Config, argv)
     C.check_choice("--mode", cfg.mode, ("fork", "standard"))
+    C.check_choice("--pool-weight", cfg.pool_weight, ("learnable", "hard"))
     if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
         raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
     rank, world, device = C.init_distributed()

@@ -77,19 +77,27 @@ def test_k3_and_truncated_importance_weight():
     assert torch.allclose(w, torch.tensor([2.0, 1.5]))
 
 
-def test_pool_sampling_prefers_unmastered_and_retires_mastered():
+@pytest.mark.parametrize("rule", ["learnable", "hard"])
+def test_pool_sampling_follows_its_rule_and_retires_mastered(rule):
     import random
 
-    hist = {"done": [1.0], "half": [0.5], "new": []}
+    assert G.weight([], 0.1, rule) == 1.0  # unseen
+    assert G.weight([0.5, 0.125], 0.1, rule) == (0.4375 if rule == "learnable" else 0.875)  # latest group
+    assert G.weight([0.0], 0.1, rule) == (0.1 if rule == "learnable" else 1.0)  # all failed: floor / top
+    hist = {"done": [1.0], "half": [0.5], "none": [0.0], "new": []}
     rng = random.Random(0)
     counts = {k: 0 for k in hist}
-    sampler = G.Pool(0.1, hist=hist)
-    for _ in range(2000):
+    sampler = G.Pool(0.1, rule, hist=hist)
+    for _ in range(4000):
         counts[sampler.sample(list(hist), 1, rng)[0]] += 1
-    assert counts["new"] > counts["half"] > counts["done"] > 0  # weights 1 : 0.5 : 0.1 (floor)
-    pool = G.Pool(0.1, states={k: {"state": {"snapshot": f"reterm-none/{k}:x"}, "added": i} for i, k in
-                               enumerate(["a", "b", "c"])}, hist={"a": [1.0, 1.0], "b": [0.0], "c": [0.5]})
-    assert pool.prune(retire_after=2, pool_max=1) == ["a", "c"] and list(pool.states) == ["b"]
+    if rule == "learnable":  # weights 0.1 : 1 : 0.1 : 1
+        assert min(counts["half"], counts["new"]) > 5 * max(counts["none"], counts["done"]) > 0
+    else:  # weights 0.1 : 0.5 : 1 : 1
+        assert min(counts["new"], counts["none"]) > counts["half"] > counts["done"] > 0
+    states = {k: {"state": {"snapshot": f"reterm-none/{k}:x"}, "added": i} for i, k in enumerate("abc")}
+    pool = G.Pool(0.1, rule, states=states, hist={"a": [1.0, 1.0], "b": [0.0], "c": [0.5]})
+    kept, trimmed = ("c", "b") if rule == "learnable" else ("b", "c")  # above pool_max: lowest weight leaves
+    assert pool.prune(retire_after=2, pool_max=1) == ["a", trimmed] and list(pool.states) == [kept]
 
 
 # ── a learning test: GRPO on a synthetic verifiable reward ─────────────────
