@@ -40,6 +40,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -262,6 +263,21 @@ def train_loss(model: Path, last: int = 100) -> float:
     return sum(r["loss"] for r in rows) / len(rows)
 
 
+def snapshots_present(failures: Path) -> bool:
+    """Whether every snapshot image a failures.jsonl names is in the local engine (True if none)."""
+    if not failures.exists():
+        return True
+    import docker
+
+    client = C.docker_client(None)
+    try:
+        for row in C.read_jsonl(failures):
+            client.images.get(row["snapshot"])
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
 def remove_snapshots(*failure_files: Path) -> None:
     for f in failure_files:
         for row in C.read_jsonl(f):
@@ -330,6 +346,9 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     fail = {}
     for part, d in (("heldout", held_dir), ("train", train_dir)):
         pool = pool_flags(cfg, seed) if part == "train" else []
+        if not snapshots_present(out / f"failures_{part}/failures.jsonl"):
+            # an interrupted seed removed its snapshots on the way out: collect the states again
+            shutil.rmtree(out / f"failures_{part}")
         sh(["03_collect_failures.py", "--tasks", d, "--model", sft, "--out", out / f"failures_{part}",
             "--attempts", cfg.attempts, "--seed", seed, "--temperature", 1.0, *pool, *roll_flags(cfg)], log)
         fail[part] = out / f"failures_{part}/failures.jsonl"
