@@ -1,16 +1,18 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
-    python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--seed 0]
+    python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--pool-frac 0]
+                                   [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
-Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json). Every task is 1-3 bash
-commands whose arguments (file names, words, modes) are copied from the instruction, so a model
-that learns to copy can solve unseen parameter combinations. The split is by parameters: a task is
-held out iff its (first argument, destination) pair is in a held-out set of pairs, so every single
-value also occurs in training, never the pair. The tests check the outcome AND that nothing else
-changed (stray files in /app, /app/out or /tmp, edited inputs), so a first attempt with a wrong path
-or value leaves something that must be repaired, not just redone. Every task has the same
-environment/ folder content, hence one image's layers (built once, re-tagged per task).
+Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json; --pool-frac also writes
+OUT/pool/, train pairs kept for training after SFT, see generate). Every task is 1-3 bash commands
+whose arguments (file names, words, modes) are copied from the instruction, so a model that learns
+to copy can solve unseen parameter combinations. The split is by parameters: a task is held out iff
+its (first argument, destination) pair is in a held-out set of pairs, so every single value also
+occurs in training, never the pair. The tests check the outcome AND that nothing else changed (stray
+files in /app, /app/out or /tmp, edited inputs), so a first attempt with a wrong path or value
+leaves something that must be repaired, not just redone. Every task has the same environment/ folder
+content, hence one image's layers (built once, re-tagged per task).
 
 `--model` writes a random-init Qwen3 of the given size (tied embeddings) with the project's tiny
 tokenizer plus one token per argument value, and the tiny chat template without its tool-schema
@@ -118,11 +120,16 @@ def task_spec(template: str, src: str, dst: str, mode: str) -> dict:
     raise ValueError(template)
 
 
-def heldout_pairs(seed: int, frac: float) -> set[tuple[str, str]]:
-    """The held-out (first argument, destination) pairs: a fixed share of all, chosen by the seed."""
+def split_pairs(seed: int, frac: float, pool_frac: float = 0.0) -> dict[str, set[tuple[str, str]]]:
+    """The (first argument, destination) pairs of each part, from one seeded order of all pairs:
+    held-out takes the first `frac` of them, pool the next `pool_frac` of the rest (so the held-out
+    pairs do not depend on pool_frac), train the others."""
     pairs = [(a, b) for a in NAMES + WORDS for b in DESTS]
     random.Random(f"split:{seed}").shuffle(pairs)
-    return set(pairs[: round(frac * len(pairs))])
+    n_held = round(frac * len(pairs))
+    n_pool = round(pool_frac * (len(pairs) - n_held))
+    return {"heldout": set(pairs[:n_held]), "pool": set(pairs[n_held:n_held + n_pool]),
+            "train": set(pairs[n_held + n_pool:])}
 
 
 def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
@@ -149,9 +156,13 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
 
 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
-             seed: int = 0) -> dict:
-    """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/); returns
-    the split {train: [...], heldout: [...]}.
+             seed: int = 0, pool_frac: float = 0.0) -> dict:
+    """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), and with
+    pool_frac > 0 every task on a share of the non-held-out pairs under pool/; returns the split
+    {train: [...], pool: [...], heldout: [...]}.
+
+    The pool is for training that must not see those pairs in SFT: the learning experiment draws its
+    GRPO failure states there, on pairs the policy copies rather than memorised, as on held-out.
 
     Parameters are drawn without repeats from all (template, first argument, destination, mode)
     combinations in one seeded order, each part taking the first of its own; a task's part depends
@@ -159,15 +170,16 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     Every mode makes a distinct `mode` task: the family has 576 tasks, 418 of them on train pairs
     at the default split (seed 0, 0.25)."""
     out = Path(out)
-    held = heldout_pairs(seed, heldout_frac)
+    parts = split_pairs(seed, heldout_frac, pool_frac)
     # write has no source file (its first argument is the word); only the mode template uses a mode
     combos = [(t, s, d, m) for t in TEMPLATES for s in (WORDS if t == "write" else NAMES) for d in DESTS
               for m in (MODES if t == "mode" else [""])]
     random.Random(f"tasks:{seed}").shuffle(combos)
-    split: dict[str, list[str]] = {"train": [], "heldout": []}
+    cap = {"train": n_train, "heldout": n_heldout, "pool": len(combos)}
+    split: dict[str, list[str]] = {"train": [], "pool": [], "heldout": []}
     for template, src, dst, mode in combos:
-        part = "heldout" if (src, dst) in held else "train"
-        if len(split[part]) < (n_heldout if part == "heldout" else n_train):
+        part = next(k for k, ps in parts.items() if (src, dst) in ps)
+        if len(split[part]) < cap[part]:
             split[part].append(write_task(out / part, template, src, dst, mode))
     split = {k: sorted(v) for k, v in split.items()}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
@@ -228,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--train", type=int, default=48, help="train tasks (418 at the default split)")
     p.add_argument("--heldout", type=int, default=16, help="held-out tasks (158 at the default split)")
     p.add_argument("--heldout-frac", type=float, default=0.25, help="share of (src, dst) name pairs held out")
+    p.add_argument("--pool-frac", type=float, default=0.0, help="share of the other pairs written to pool/")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
     p.add_argument("--model", help="write a random-init Qwen3 policy here instead")
     p.add_argument("--hidden", type=int, default=128, help="--model: hidden size (head_dim 32)")
@@ -238,8 +251,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not a.out:
         p.error("OUT is required (or --model)")
-    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed)
-    print(f"{len(s['train'])} train, {len(s['heldout'])} held-out tasks under {a.out}")
+    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac)
+    print(f"{len(s['train'])} train, {len(s['pool'])} pool, {len(s['heldout'])} held-out tasks under {a.out}")
 
 
 if __name__ == "__main__":
