@@ -24,6 +24,8 @@ Every stage is the real script, run as a subprocess:
   03     failure states of the SFT policy on held-out (their pass rate is the SFT Pass@1 at
          temperature 1; the states are the fixed Recovery@1 benchmark) and on a seeded sample of
          --pool-tasks train tasks (the GRPO pool; 04 draws its fresh starts from the same sample);
+         with --pool-frac > 0, of tasks on train pairs kept out of 01 and 02 instead (tasks/pool/:
+         states on pairs the policy copies rather than memorised, like held-out ones);
   04     --mode fork on the train pool, in chunks of --eval-every steps (resumed); after each chunk
          --mode standard on the train tasks is run up to the same cumulative environment steps
          (--env-step-budget), so both modes are compared at an equal environment-step budget;
@@ -62,6 +64,7 @@ class Config:
     seeds: int = 3  # seeds 0..K-1 (model init, SFT order, sampling); tasks and split stay fixed
     n_train: int = 418  # train tasks generated (418: all on train pairs; fewer are memorised, not copied)
     n_heldout: int = 40  # held-out tasks generated (of 158)
+    pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
@@ -146,10 +149,10 @@ def pass_at_1(cfg: Config, model: Path, tasks: Path, out: Path, seed: int, log: 
     return json.loads((out / "summary.json").read_text())["pass_at_1"]
 
 
-def grpo_chunk(cfg: Config, mode: str, sft: Path, out: Path, steps: int, budget: int, train_dir: Path,
+def grpo_chunk(cfg: Config, mode: str, sft: Path, out: Path, steps: int, budget: int, tasks_dir: Path,
                failures: Path, seed: int, last: bool, log: Path) -> int:
     """Run (or resume) 04 up to `steps` steps / `budget` env steps; returns its env steps so far."""
-    args = ["04_reterm_grpo.py", "--model", sft, "--out", out, "--tasks", train_dir, "--mode", mode,
+    args = ["04_reterm_grpo.py", "--model", sft, "--out", out, "--tasks", tasks_dir, "--mode", mode,
             "--steps", steps, "--env-step-budget", budget, "--batch-states", cfg.batch_states,
             "--group-size", cfg.group_size, "--fresh-frac", cfg.fresh_frac, "--lr", cfg.grpo_lr,
             "--dtype", "float32", "--seed", seed, "--save-every", 1, *pool_flags(cfg, seed), *roll_flags(cfg)]
@@ -288,6 +291,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     out = Path(cfg.out) / f"seed{seed}"
     log = out / "log.txt"
     train_dir, held_dir = tasks / "train", tasks / "heldout"
+    grpo_dir = tasks / "pool" if cfg.pool_frac else train_dir  # 03's train states and 04's tasks
     solutions = data.parent / "solutions.jsonl"
     res: dict = {"seed": seed, "wall_s": {}}
     t = time.monotonic()
@@ -344,7 +348,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     res["base_pass_at_1"] = pass_at_1(cfg, base, held_dir, out / "eval_base", seed, log)
     lap("eval_base")
     fail = {}
-    for part, d in (("heldout", held_dir), ("train", train_dir)):
+    for part, d in (("heldout", held_dir), ("train", grpo_dir)):
         pool = pool_flags(cfg, seed) if part == "train" else []
         if not snapshots_present(out / f"failures_{part}/failures.jsonl"):
             # an interrupted seed removed its snapshots on the way out: collect the states again
@@ -356,7 +360,12 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         summary = json.loads((out / f"failures_{part}/summary.json").read_text())
         res[f"sft_{part}_pass_at_1"] = summary["pass_rate"]
     res["sft_pass_at_1"] = res["sft_heldout_pass_at_1"]
-    res["n_heldout_failures"] = len(C.read_jsonl(fail["heldout"]))
+    states = C.read_jsonl(fail["heldout"])
+    solved = {a["task"] for a in C.read_jsonl(out / "failures_heldout/attempts.jsonl") if a["reward"] >= 1.0}
+    res["n_heldout_failures"] = len(states)
+    # A state whose task failed in every attempt shows a systematic error (the policy copies one argument
+    # wrong on that pair each time), not bad luck: recovering means doing what it never does there.
+    res["heldout_failures_unsolved_frac"] = sum(s["task"] not in solved for s in states) / max(1, len(states))
     lap("collect_failures")
     try:
         before = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
@@ -370,9 +379,9 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         for c in range(1, n_chunks + 1):
             last = c == n_chunks
             steps = min(cfg.grpo_steps, c * cfg.eval_every)
-            budget = grpo_chunk(cfg, "fork", sft, out / "fork", steps, 0, train_dir, fail["train"], seed,
+            budget = grpo_chunk(cfg, "fork", sft, out / "fork", steps, 0, grpo_dir, fail["train"], seed,
                                 last, log)
-            std = grpo_chunk(cfg, "standard", sft, out / "standard", 10**6, budget, train_dir, fail["train"],
+            std = grpo_chunk(cfg, "standard", sft, out / "standard", 10**6, budget, grpo_dir, fail["train"],
                              seed, last, log)
             lap(f"grpo_chunk{c}")
             for mode, steps_used in (("fork", budget), ("standard", std)):
@@ -426,7 +435,7 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
 
     res = {
         "seeds": [s["seed"] for s in per_seed],
-        "heldout_tasks": split["heldout"], "train_tasks": split["train"],
+        "heldout_tasks": split["heldout"], "train_tasks": split["train"], "pool_tasks": split["pool"],
         "sft_pass_at_1": mean([s["sft_pass_at_1"] for s in per_seed]),
         "sft_train_pass_at_1": mean([s["sft_train_pass_at_1"] for s in per_seed]),
         "base_pass_at_1": mean([s["base_pass_at_1"] for s in per_seed]),
@@ -435,6 +444,8 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         "heldout_pass_at_1_after": avg("heldout_pass_at_1_after"),
         "env_steps": {m: round(mean([s["env_steps"][m] for s in per_seed])) for m in modes},
         "nonuniform_group_frac": avg("nonuniform_group_frac"),
+        "heldout_failures_unsolved_frac": mean([s["heldout_failures_unsolved_frac"] for s in per_seed
+                                                if "heldout_failures_unsolved_frac" in s]),
     }
     rng = random.Random(0)
     res["ci95"] = {
@@ -484,7 +495,8 @@ def main(argv: list[str] | None = None) -> dict:
     C.dump_config(cfg, out)
     t0 = time.monotonic()
     tasks = out / "tasks"
-    split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed)
+    split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
+                                cfg.pool_frac)
     recoveries, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
         "--faults-per-task", cfg.faults_per_task, "--concurrency", cfg.concurrency, "--seed", cfg.task_seed,
@@ -511,6 +523,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nheld-out: {len(split['heldout'])} tasks; train: {len(split['train'])} tasks; "
           f"seeds {res['seeds']}")
     print(f"Pass@1 (T=1, held-out)  base {res['base_pass_at_1']:.3f}   SFT {res['sft_pass_at_1']:.3f}")
+    print(f"held-out failure states on tasks the SFT policy failed in every attempt: "
+          f"{res['heldout_failures_unsolved_frac']:.2f}")
     print(f"{'policy':<12}{'env steps':>10}{'Recovery@1':>12}{'ci95':>18}{'Pass@1':>9}{'non-uniform':>13}")
     print(f"{'SFT':<12}{0:>10}{res['heldout_recovery_before']:>12.3f}"
           f"{str([round(x, 3) for x in ci['heldout_recovery_before']]):>18}{res['sft_pass_at_1']:>9.3f}")

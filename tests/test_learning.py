@@ -36,6 +36,12 @@ def test_generator_split_is_by_parameters_and_fixed(tmp_path):
 
     held_pairs = {pair(n) for n in b["heldout"]}
     assert not held_pairs & {pair(n) for n in b["train"]}
+    # a pool part takes its own pairs from the train side only: held-out stays exactly the same
+    c = microtasks.generate(tmp_path / "c", n_train=48, n_heldout=16, seed=0, pool_frac=0.2)
+    assert c["heldout"] == b["heldout"] and c["pool"] and not b["pool"]
+    pool_pairs = {pair(n) for n in c["pool"]}
+    assert not pool_pairs & held_pairs and not pool_pairs & {pair(n) for n in c["train"]}
+    assert sorted(p.name for p in (tmp_path / "c/pool").iterdir()) == c["pool"]
     # one environment for the whole family: one set of image layers
     assert len(microtasks.env_hash(tmp_path / "b").split(",")) == 1
     for name in b["train"][:5]:
@@ -178,6 +184,50 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     # the failed recoveries became less likely (successful ones are near-certain already after SFT:
     # their log-probability may move either way by a little, the gap is what the update controls)
     assert sum(bad) / len(bad) < 0, bad
+
+
+def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready, tmp_path):
+    """bench/experiment_learning.py end to end at a toy size (a 64x2 model, a few steps, a GRPO pool
+    kept out of SFT): the results.json contract, no split leaking into another, no snapshot left
+    behind, and a second invocation reuses the finished seed instead of running it again."""
+    import docker
+    import experiment_learning as E
+
+    out = tmp_path / "exp"
+    argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
+            "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
+            "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
+            "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
+            "--eval-trials", "1", "--max-turns", "2", "--max-tokens", "32", "--bootstrap", "50",
+            "--concurrency", "4"]
+    if not importlib.util.find_spec("vllm"):
+        argv += ["--engine", "hf"]
+    res = json.loads(json.dumps(E.main(argv)))  # as JSON holds it (tuples become lists)
+    assert res == json.loads((out / "results.json").read_text())
+    assert (out / "learning.png").stat().st_size > 0
+    for key in ("seeds", "heldout_tasks", "train_tasks", "sft_pass_at_1", "base_pass_at_1",
+                "heldout_recovery_before", "per_seed", "ci95"):
+        assert key in res, key
+    for key in ("heldout_recovery_after", "heldout_pass_at_1_after", "env_steps", "nonuniform_group_frac"):
+        assert set(res[key]) == {"fork", "standard"}, key
+    assert res["seeds"] == [0] and len(res["heldout_tasks"]) == 3 and len(res["train_tasks"]) == 8
+    parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks")]
+    assert all(parts) and not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    # both modes ran to the same environment-step budget (standard may overshoot by its last step)
+    assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard"]
+    seed = out / "seed0"
+    assert {r["task"] for r in C.read_jsonl(seed / "failures_train/attempts.jsonl")} <= parts[1]
+    assert {r["task"] for r in C.read_jsonl(seed / "failures_heldout/attempts.jsonl")} <= parts[2]
+    assert {r["task_id"] for r in C.read_jsonl(out / "data/sft.jsonl")} <= parts[0]
+    snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
+             for r in C.read_jsonl(seed / f / "failures.jsonl")]
+    assert snaps  # the random-init policy fails, so there were states to snapshot
+    for snap in snaps:
+        with pytest.raises(docker.errors.ImageNotFound):
+            C.docker_client().images.get(snap)
+    done = (seed / "result.json").stat().st_mtime_ns
+    assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
+    assert (seed / "result.json").stat().st_mtime_ns == done
 
 
 if __name__ == "__main__":
