@@ -97,6 +97,10 @@ class Config:
     bootstrap: int = 2000  # bootstrap resamples for ci95
 
 
+# the Config fields that decide which task is in which part (a resumed --out must keep them)
+SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "task_seed")
+
+
 def sh(args: list, log: Path) -> None:
     """Run one stage script (cwd = the repository) with its output in `log`; fail loudly."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -492,6 +496,12 @@ def plot(res: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
     out = Path(cfg.out)
+    if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
+        old, keys = json.loads((out / "config.json").read_text()), SPLIT_FIELDS
+        changed = [k for k in keys if old.get(k, getattr(Config, k)) != getattr(cfg, k)]
+        if changed:
+            raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
+                             "changed): use a fresh --out")
     C.dump_config(cfg, out)
     t0 = time.monotonic()
     tasks = out / "tasks"

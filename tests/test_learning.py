@@ -228,6 +228,9 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     done = (seed / "result.json").stat().st_mtime_ns
     assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
     assert (seed / "result.json").stat().st_mtime_ns == done
+    # another split would reuse this split's task folders and 01 rows
+    with pytest.raises(SystemExit, match="pool_frac"):
+        E.main([*argv, "--pool-frac", "0.1"])
 
 
 if __name__ == "__main__":
