@@ -271,18 +271,11 @@ def train_loss(model: Path, last: int = 100) -> float:
 
 
 def snapshots_present(failures: Path) -> bool:
-    """Whether every snapshot image a failures.jsonl names is in the local engine (True if none)."""
-    if not failures.exists():
-        return True
-    import docker
+    """Whether every snapshot image a failures.jsonl names still exists (True if none)."""
+    import importlib
 
-    client = C.docker_client(None)
-    try:
-        for row in C.read_jsonl(failures):
-            client.images.get(row["snapshot"])
-    except docker.errors.ImageNotFound:
-        return False
-    return True
+    collect = importlib.import_module("03_collect_failures")
+    return all(collect.snapshot_exists(r["snapshot"], r.get("host")) for r in C.read_jsonl(failures))
 
 
 def remove_snapshots(*failure_files: Path) -> None:
@@ -497,8 +490,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
     out = Path(cfg.out)
     if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
-        old, keys = json.loads((out / "config.json").read_text()), SPLIT_FIELDS
-        changed = [k for k in keys if old.get(k, getattr(Config, k)) != getattr(cfg, k)]
+        old = json.loads((out / "config.json").read_text())
+        changed = [k for k in SPLIT_FIELDS if old.get(k, getattr(Config, k)) != getattr(cfg, k)]
         if changed:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
