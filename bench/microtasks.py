@@ -1,7 +1,7 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
     python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--pool-frac 0]
-                                   [--seed 0]
+                                   [--stale-frac 0] [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
 Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json; --pool-frac also writes
@@ -12,7 +12,11 @@ its (first argument, destination) pair is in a held-out set of pairs, so every s
 occurs in training, never the pair. The tests check the outcome AND that nothing else changed (stray
 files in /app, /app/out or /tmp, edited inputs), so a first attempt with a wrong path or value
 leaves something that must be repaired, not just redone. Every task has the same environment/ folder
-content, hence one image's layers (built once, re-tagged per task).
+content, hence one image's layers (built once, re-tagged per task). With --stale-frac, a seeded share
+of the tasks of every part gets the second environment instead (STALE_DOCKERFILE, one more image): a
+stale regular file sits where the output folder goes, which the instruction does not say. An attempt
+that does not remove it fails visibly (`mkdir: ... File exists`, `cp: ... Not a directory`), and the
+repair is the same on every task: a failure with an observable cause and a general fix.
 
 `--model` writes a random-init Qwen3 of the given size (tied embeddings) with the project's tiny
 tokenizer plus one token per argument value, and the tiny chat template without its tool-schema
@@ -47,6 +51,10 @@ WORKDIR /app
 COPY data /app/data
 RUN chmod 644 /app/data/*
 """
+
+# the second environment: what an earlier job left behind blocks the output folder (see write_task)
+STALE_DOCKERFILE = DOCKERFILE + "RUN echo 'report from an earlier run' > /app/out\n"
+STALE_STEP = ("remove the stale file /app/out that blocks the output folder", "rm -f /app/out")
 
 TASK_TOML = """version = "1.0"
 
@@ -132,7 +140,9 @@ def split_pairs(seed: int, frac: float, pool_frac: float = 0.0) -> dict[str, set
             "train": set(pairs[n_held + n_pool:])}
 
 
-def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
+def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool = False) -> str:
+    """One task folder; `stale`: the environment with a stale file at /app/out, and its removal as
+    the solution's first step (the task's name and instruction do not change)."""
     spec = task_spec(template, src, dst, mode)
     key = f"{src}-{mode}" if template == "mode" else src
     name = f"micro-{template}-{key}-{dst}"
@@ -141,7 +151,9 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "instruction.md").write_text(spec["instruction"] + "\n")
     (d / "task.toml").write_text(TASK_TOML.format(template=template))
-    (d / "environment/Dockerfile").write_text(DOCKERFILE)
+    (d / "environment/Dockerfile").write_text(STALE_DOCKERFILE if stale else DOCKERFILE)
+    if stale:
+        spec["steps"].insert(0, STALE_STEP)
     for f, text in data_files().items():
         (d / "environment/data" / f).write_text(text)
         (d / "tests/data" / f).write_text(text)  # the verifier's own clean copies of the inputs
@@ -156,10 +168,13 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str) -> str:
 
 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
-             seed: int = 0, pool_frac: float = 0.0) -> dict:
+             seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0) -> dict:
     """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), and with
     pool_frac > 0 every task on a share of the non-held-out pairs under pool/; returns the split
-    {train: [...], pool: [...], heldout: [...]}.
+    {train: [...], pool: [...], heldout: [...], stale: [...]}.
+
+    A task gets the stale-file environment with probability stale_frac, drawn per task from the seed
+    and its name alone (so the same share in every part, and unchanged by n or the other shares).
 
     The pool is for training that must not see those pairs in SFT: the learning experiment draws its
     GRPO failure states there, on pairs the policy copies rather than memorised, as on held-out.
@@ -176,11 +191,14 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
               for m in (MODES if t == "mode" else [""])]
     random.Random(f"tasks:{seed}").shuffle(combos)
     cap = {"train": n_train, "heldout": n_heldout, "pool": len(combos)}
-    split: dict[str, list[str]] = {"train": [], "pool": [], "heldout": []}
+    split: dict[str, list[str]] = {"train": [], "pool": [], "heldout": [], "stale": []}
     for template, src, dst, mode in combos:
         part = next(k for k, ps in parts.items() if (src, dst) in ps)
         if len(split[part]) < cap[part]:
-            split[part].append(write_task(out / part, template, src, dst, mode))
+            stale = random.Random(f"stale:{seed}:{template}:{src}:{dst}:{mode}").random() < stale_frac
+            split[part].append(write_task(out / part, template, src, dst, mode, stale))
+            if stale:
+                split["stale"].append(split[part][-1])
     split = {k: sorted(v) for k, v in split.items()}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     return split
@@ -228,7 +246,8 @@ def make_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: i
 
 
 def env_hash(root: str | Path) -> str:
-    """One hash over every task's environment/ folder: equal for the whole family by construction."""
+    """The distinct hashes of the tasks' environment/ folders: one for the family by construction, two
+    when some tasks have the stale file."""
     hs = {hashlib.sha256(b"".join(p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file())).hexdigest()
           for d in Path(root).glob("*/*/environment")}
     return ",".join(sorted(hs))
@@ -241,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heldout", type=int, default=16, help="held-out tasks (158 at the default split)")
     p.add_argument("--heldout-frac", type=float, default=0.25, help="share of (src, dst) name pairs held out")
     p.add_argument("--pool-frac", type=float, default=0.0, help="share of the other pairs written to pool/")
+    p.add_argument("--stale-frac", type=float, default=0.0,
+                   help="share of tasks whose environment has a stale file at /app/out")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
     p.add_argument("--model", help="write a random-init Qwen3 policy here instead")
     p.add_argument("--hidden", type=int, default=128, help="--model: hidden size (head_dim 32)")
@@ -251,8 +272,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not a.out:
         p.error("OUT is required (or --model)")
-    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac)
-    print(f"{len(s['train'])} train, {len(s['pool'])} pool, {len(s['heldout'])} held-out tasks under {a.out}")
+    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac)
+    print(f"{len(s['train'])} train, {len(s['pool'])} pool, {len(s['heldout'])} held-out tasks under {a.out}"
+          f" ({len(s['stale'])} with the stale file)")
 
 
 if __name__ == "__main__":
