@@ -65,6 +65,7 @@ class Config:
     n_train: int = 418  # train tasks generated (418: all on train pairs; fewer are memorised, not copied)
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
+    stale_frac: float = 0.0  # share of tasks (every part) with a stale file blocking /app/out (microtasks)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
@@ -98,7 +99,8 @@ class Config:
 
 
 # the Config fields that decide which task is in which part (a resumed --out must keep them)
-SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "task_seed")
+SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed")
+LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0}  # what a config.json from before a field existed ran with
 
 
 def sh(args: list, log: Path) -> None:
@@ -169,19 +171,22 @@ def grpo_chunk(cfg: Config, mode: str, sft: Path, out: Path, steps: int, budget:
     return rows[-1]["env_steps_total"] if rows else 0
 
 
-def solution_rows(tasks_dir: Path, path: Path, concurrency: int) -> int:
+def solution_rows(tasks_dir: Path, path: Path, concurrency: int, skip: set[str] = frozenset()) -> int:
     """Each task's solution/solve.sh replayed step by step as bash tool calls in a real container and
     kept as a one-attempt row (loss on all its assistant turns) if the tests pass; returns the rows.
 
     The paper's base model can already solve tasks, so its SFT data only teaches recovery; a model
     trained from scratch must also learn first attempts, and the recovery rows' first attempts are
-    all faulty by construction (training on them teaches the policy to fail every time)."""
+    all faulty by construction (training on them teaches the policy to fail every time).
+    `skip`: tasks with no such row, the stale-file ones: their solution removes /app/out before it
+    has seen it, and a first attempt cannot know the file is there (the instruction does not say),
+    so the policy's first attempts are the plain procedure and meet the file as an error."""
     import importlib
 
     build = importlib.import_module("01_build_data")
     writer = build.Writer(path)
     done = {r["task_id"] for r in writer.rows}
-    todo = [t for t in C.load_tasks(tasks_dir) if t.name not in done]
+    todo = [t for t in C.load_tasks(tasks_dir) if t.name not in done | skip]
 
     def solve(task: C.Task) -> None:
         steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
@@ -363,11 +368,24 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     # A state whose task failed in every attempt shows a systematic error (the policy copies one argument
     # wrong on that pair each time), not bad luck: recovering means doing what it never does there.
     res["heldout_failures_unsolved_frac"] = sum(s["task"] not in solved for s in states) / max(1, len(states))
+    # the other failure cause: the stale file at /app/out (its repair is the same on every task)
+    stale = set(json.loads((tasks / "split.json").read_text()).get("stale", []))
+    res["heldout_failures_stale_frac"] = sum(s["task"] in stale for s in states) / max(1, len(states))
+
+    def by_cause(rec: list[float]) -> dict[str, float | None]:
+        """Recovery@1 over the states on stale-file tasks and over the others (None: no such state)."""
+        flags = [s["task"] in stale for s in states for _ in range(cfg.recovery_samples)]
+        out = {}
+        for cause, want in (("stale", True), ("other", False)):
+            xs = [r for r, f in zip(rec, flags, strict=True) if f == want]
+            out[cause] = sum(xs) / len(xs) if xs else None
+        return out
     lap("collect_failures")
     try:
         before = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
         res["recovery_before"] = before
         res["heldout_recovery_before"] = sum(before) / max(1, len(before))
+        res["recovery_by_cause"] = {"before": by_cause(before)}
         lap("recovery_before")
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
                       "pass_at_1": res["sft_pass_at_1"]}] for m in ("fork", "standard")}
@@ -387,6 +405,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
                 curve[mode].append({"env_steps": steps_used, "recovery": sum(rec) / max(1, len(rec)),
                                     "pass_at_1": p})
                 res["recovery_after_samples"][mode] = rec
+                res["recovery_by_cause"][mode] = by_cause(rec)
                 res["env_steps"][mode] = steps_used
             lap(f"eval_chunk{c}")
         res["curve"] = curve
@@ -443,6 +462,11 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         "nonuniform_group_frac": avg("nonuniform_group_frac"),
         "heldout_failures_unsolved_frac": mean([s["heldout_failures_unsolved_frac"] for s in per_seed
                                                 if "heldout_failures_unsolved_frac" in s]),
+        "heldout_failures_stale_frac": mean([s.get("heldout_failures_stale_frac", 0.0) for s in per_seed]),
+        # Recovery@1 of the states on stale-file tasks and of the others, per policy (mean over seeds)
+        "recovery_by_cause": {p: {c: mean([x for s in per_seed if (x := s.get("recovery_by_cause", {})
+                                                                   .get(p, {}).get(c)) is not None])
+                                  for c in ("stale", "other")} for p in ("before", *modes)},
     }
     rng = random.Random(0)
     res["ci95"] = {
@@ -491,7 +515,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(cfg.out)
     if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
         old = json.loads((out / "config.json").read_text())
-        changed = [k for k in SPLIT_FIELDS if old.get(k, getattr(Config, k)) != getattr(cfg, k)]
+        changed = [k for k in SPLIT_FIELDS if old.get(k, LEGACY.get(k)) != getattr(cfg, k)]
         if changed:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
@@ -499,13 +523,13 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.monotonic()
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
-                                cfg.pool_frac)
+                                cfg.pool_frac, cfg.stale_frac)
     recoveries, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
         "--faults-per-task", cfg.faults_per_task, "--concurrency", cfg.concurrency, "--seed", cfg.task_seed,
         "--system-prompt", microtasks.SYSTEM_PROMPT],
        out / "log.txt")
-    solution_rows(tasks / "train", solutions, cfg.concurrency)
+    solution_rows(tasks / "train", solutions, cfg.concurrency, skip=set(split["stale"]))
     data.write_text(recoveries.read_text() + solutions.read_text())
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
@@ -536,6 +560,11 @@ def main(argv: list[str] | None = None) -> dict:
               f"{str([round(x, 3) for x in ci[f'heldout_recovery_after_{m}']]):>18}"
               f"{res['heldout_pass_at_1_after'][m]:>9.3f}{res['nonuniform_group_frac'][m]:>13.2f}")
     print(f"recovery gain fork {ci['recovery_gain_fork']}, standard {ci['recovery_gain_standard']} (ci95)")
+    if res["heldout_failures_stale_frac"]:
+        cause = res["recovery_by_cause"]
+        print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "
+              "Recovery@1 stale / other: " + ", ".join(
+                  f"{p} {cause[p]['stale']:.3f} / {cause[p]['other']:.3f}" for p in cause))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
     return res
 

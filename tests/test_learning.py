@@ -47,6 +47,16 @@ def test_generator_split_is_by_parameters_and_fixed(tmp_path):
     for name in b["train"][:5]:
         t = C.load_task(tmp_path / "b/train" / name)
         assert t.allow_internet is False and "# step:" in (t.solution_dir / "solve.sh").read_text()
+    # the stale-file variant: a seeded share of every part, the same tasks and split, a second image
+    d = microtasks.generate(tmp_path / "d", n_train=48, n_heldout=16, seed=0, pool_frac=0.2, stale_frac=0.5)
+    assert {k: d[k] for k in ("train", "pool", "heldout")} == {k: c[k] for k in ("train", "pool", "heldout")}
+    assert not b["stale"] and len(microtasks.env_hash(tmp_path / "d").split(",")) == 2
+    for part in ("train", "pool", "heldout"):
+        share = sum(n in d["stale"] for n in d[part]) / len(d[part])
+        assert 0.2 < share < 0.8, (part, share)
+        for name in d[part]:
+            steps = (tmp_path / "d" / part / name / "solution/solve.sh").read_text().split("# step: ")[1:]
+            assert steps[0].startswith(microtasks.STALE_STEP[0]) == (name in d["stale"])
 
 
 def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, tmp_path):
@@ -67,6 +77,20 @@ def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, t
         with C.start_env(task) as env:
             env.bash(solve)
             assert env.verify().reward == 1.0
+
+
+def test_stale_file_fails_the_plain_procedure_visibly_and_the_repair_passes(docker_ready, tmp_path):
+    """A stale-file task: the steps of the plain task fail with the cause in their output, and removing
+    the file then redoing them passes in the same container (the repair a recovery must find)."""
+    name = microtasks.write_task(tmp_path / "t", "copy", "green", "elk", "644", stale=True)
+    task = C.load_task(tmp_path / "t" / name)
+    plain = "mkdir -p /app/out; cp /app/data/green.txt /app/out/elk.txt"
+    with C.env_session(), C.start_env(task) as env:
+        out = env.bash(plain).output
+        assert "File exists" in out and "Not a directory" in out, out
+        assert env.verify().reward == 0.0
+        assert env.bash(f"{microtasks.STALE_STEP[1]} && {plain}").exit_code == 0
+        assert env.verify().reward == 1.0
 
 
 def test_repair_rows_remove_the_policys_stray_output_and_verify(docker_ready, tmp_path):
@@ -188,13 +212,14 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
 
 def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready, tmp_path):
     """bench/experiment_learning.py end to end at a toy size (a 64x2 model, a few steps, a GRPO pool
-    kept out of SFT): the results.json contract, no split leaking into another, no snapshot left
-    behind, and a second invocation reuses the finished seed instead of running it again."""
+    kept out of SFT, stale-file tasks): the results.json contract, no split leaking into another, no
+    snapshot left behind, and a second invocation reuses the finished seed instead of running it again."""
     import docker
     import experiment_learning as E
 
     out = tmp_path / "exp"
     argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
+            "--stale-frac", "0.5",
             "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
@@ -219,6 +244,13 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert {r["task"] for r in C.read_jsonl(seed / "failures_train/attempts.jsonl")} <= parts[1]
     assert {r["task"] for r in C.read_jsonl(seed / "failures_heldout/attempts.jsonl")} <= parts[2]
     assert {r["task_id"] for r in C.read_jsonl(out / "data/sft.jsonl")} <= parts[0]
+    # stale-file tasks have recovery rows but no first-attempt (solution) row: nothing tells a first
+    # attempt that the file is there
+    stale = set(json.loads((out / "tasks/split.json").read_text())["stale"])
+    assert stale & parts[0] and not stale & {r["task_id"] for r in C.read_jsonl(out / "data/solutions.jsonl")}
+    assert stale & parts[0] <= {r["task_id"] for r in C.read_jsonl(out / "data/reterm.jsonl")}
+    assert 0 <= res["heldout_failures_stale_frac"] <= 1
+    assert set(res["recovery_by_cause"]) == {"before", "fork", "standard"}
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
              for r in C.read_jsonl(seed / f / "failures.jsonl")]
     assert snaps  # the random-init policy fails, so there were states to snapshot
