@@ -6,9 +6,13 @@ Every stage is the real script, run as a subprocess:
   tasks  bench/microtasks.py writes train/ and held-out/ tasks (split by parameters, fixed seed):
          every train task the family has, because on 81 of them the policy memorised each task's
          arguments instead of copying them from the instruction (dev Pass@1 0.33, 358 tasks: 0.48);
+         with --stale-frac, that share of the tasks of every part has a stale file where the output
+         folder goes: a failure whose cause shows in the output and whose repair is the same on every
+         task (the policy's copy errors are specific to a pair: no update on other pairs fixes them);
   01     oracle recovery demonstrations on the TRAIN tasks only (one per task), plus each train task's oracle
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
-         learn first attempts too, which the paper's pretrained base model already makes);
+         learn first attempts too, which the paper's pretrained base model already makes; none
+         for stale-file tasks: a first attempt cannot know the file is there);
   per seed s (model init, data order, sampling):
   02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction
