@@ -13,10 +13,11 @@ occurs in training, never the pair. The tests check the outcome AND that nothing
 files in /app, /app/out or /tmp, edited inputs), so a first attempt with a wrong path or value
 leaves something that must be repaired, not just redone. Every task has the same environment/ folder
 content, hence one image's layers (built once, re-tagged per task). With --stale-frac, a seeded share
-of the tasks of every part gets the second environment instead (STALE_DOCKERFILE, one more image): a
-stale regular file sits where the output folder goes, which the instruction does not say. An attempt
-that does not remove it fails visibly (`mkdir: ... File exists`, `cp: ... Not a directory`), and the
-repair is the same on every task: a failure with an observable cause and a general fix.
+of the tasks of every part gets the second environment instead (STALE_DOCKERFILE, one more image): the
+output folder already holds a stale file from an earlier run, which the instruction does not mention.
+The plain procedure runs without an error and fails the tests (the output folder must hold only the
+task's file); `ls /app/out` shows the cause, and the repair is the same on every task: a failure with
+an observable cause and a general fix, unlike a copy error, which is specific to its pair.
 
 `--model` writes a random-init Qwen3 of the given size (tied embeddings) with the project's tiny
 tokenizer plus one token per argument value, and the tiny chat template without its tool-schema
@@ -52,9 +53,12 @@ COPY data /app/data
 RUN chmod 644 /app/data/*
 """
 
-# the second environment: what an earlier job left behind blocks the output folder (see write_task)
-STALE_DOCKERFILE = DOCKERFILE + "RUN echo 'report from an earlier run' > /app/out\n"
-STALE_STEP = ("remove the stale file /app/out that blocks the output folder", "rm -f /app/out")
+# The second environment: an earlier run left a file in the output folder (see write_task).
+# (Measured: a stale regular file AT /app/out instead makes the plain procedure's commands fail, and the
+# policy, whose first attempts never met an error in training, wrote malformed turns after the error:
+# failure states unlike any recovery row, none of them recovered.)
+STALE_DOCKERFILE = DOCKERFILE + "RUN mkdir /app/out && echo 'an earlier run' > /app/out/report.old\n"
+STALE_STEP = ("remove the stale report.old from the output folder", "rm -f /app/out/report.old")
 
 TASK_TOML = """version = "1.0"
 
@@ -141,7 +145,7 @@ def split_pairs(seed: int, frac: float, pool_frac: float = 0.0) -> dict[str, set
 
 
 def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool = False) -> str:
-    """One task folder; `stale`: the environment with a stale file at /app/out, and its removal as
+    """One task folder; `stale`: the environment with a stale /app/out/report.old, and its removal as
     the solution's first step (the task's name and instruction do not change)."""
     spec = task_spec(template, src, dst, mode)
     key = f"{src}-{mode}" if template == "mode" else src
@@ -261,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heldout-frac", type=float, default=0.25, help="share of (src, dst) name pairs held out")
     p.add_argument("--pool-frac", type=float, default=0.0, help="share of the other pairs written to pool/")
     p.add_argument("--stale-frac", type=float, default=0.0,
-                   help="share of tasks whose environment has a stale file at /app/out")
+                   help="share of tasks whose output folder holds a stale file already")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
     p.add_argument("--model", help="write a random-init Qwen3 policy here instead")
     p.add_argument("--hidden", type=int, default=128, help="--model: hidden size (head_dim 32)")
