@@ -6,9 +6,9 @@ Every stage is the real script, run as a subprocess:
   tasks  bench/microtasks.py writes train/ and held-out/ tasks (split by parameters, fixed seed):
          every train task the family has, because on 81 of them the policy memorised each task's
          arguments instead of copying them from the instruction (dev Pass@1 0.33, 358 tasks: 0.48);
-         with --stale-frac, that share of the tasks of every part has a stale file where the output
-         folder goes: a failure whose cause shows in the output and whose repair is the same on every
-         task (the policy's copy errors are specific to a pair: no update on other pairs fixes them);
+         --stale-frac (default 0.5) of the tasks of every part start with a stale report.old in the
+         output folder: a failure whose cause `ls` shows and whose repair is the same on every task
+         (the policy's copy errors are specific to a pair: no update on other pairs fixes them);
   01     oracle recovery demonstrations on the TRAIN tasks only (one per task), plus each train task's oracle
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes; none
@@ -69,7 +69,7 @@ class Config:
     n_train: int = 418  # train tasks generated (418: all on train pairs; fewer are memorised, not copied)
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
-    stale_frac: float = 0.0  # share of tasks (every part) with a stale file blocking /app/out (microtasks)
+    stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
@@ -182,9 +182,9 @@ def solution_rows(tasks_dir: Path, path: Path, concurrency: int, skip: set[str] 
     The paper's base model can already solve tasks, so its SFT data only teaches recovery; a model
     trained from scratch must also learn first attempts, and the recovery rows' first attempts are
     all faulty by construction (training on them teaches the policy to fail every time).
-    `skip`: tasks with no such row, the stale-file ones: their solution removes /app/out before it
-    has seen it, and a first attempt cannot know the file is there (the instruction does not say),
-    so the policy's first attempts are the plain procedure and meet the file as an error."""
+    `skip`: tasks with no such row, the stale-file ones: their solution removes report.old before
+    it has seen it, and a first attempt cannot know the file is there (the instruction does not say),
+    so the policy's first attempts are the plain procedure and fail the tests because of it."""
     import importlib
 
     build = importlib.import_module("01_build_data")
@@ -372,7 +372,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     # A state whose task failed in every attempt shows a systematic error (the policy copies one argument
     # wrong on that pair each time), not bad luck: recovering means doing what it never does there.
     res["heldout_failures_unsolved_frac"] = sum(s["task"] not in solved for s in states) / max(1, len(states))
-    # the other failure cause: the stale file at /app/out (its repair is the same on every task)
+    # the other failure cause: the stale /app/out/report.old (its repair is the same on every task)
     stale = set(json.loads((tasks / "split.json").read_text()).get("stale", []))
     res["heldout_failures_stale_frac"] = sum(s["task"] in stale for s in states) / max(1, len(states))
 
