@@ -12,7 +12,8 @@ Every stage is the real script, run as a subprocess:
   01     oracle recovery demonstrations on the TRAIN tasks only (one per task), plus each train task's oracle
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes; none
-         for stale-file tasks: a first attempt cannot know the file is there);
+         for stale-file tasks: a first attempt cannot know the file is there), plus on every stale-file
+         train task the recovery from that plain first attempt (plain_rows: the policy's own);
   per seed s (model init, data order, sampling):
   02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction
@@ -70,6 +71,7 @@ class Config:
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
+    plain_demos: bool = True  # a plain-procedure recovery row per stale-file train task (plain_rows)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
@@ -102,9 +104,10 @@ class Config:
     bootstrap: int = 2000  # bootstrap resamples for ci95
 
 
-# the Config fields that decide which task is in which part (a resumed --out must keep them)
-SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed")
-LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0}  # what a config.json from before a field existed ran with
+# the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
+SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos")
+# what a config.json from before a field existed ran with
+LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False}
 
 
 def sh(args: list, log: Path) -> None:
@@ -204,6 +207,43 @@ def solution_rows(tasks_dir: Path, path: Path, concurrency: int, skip: set[str] 
 
     with C.env_session():
         for _, res in C.run_concurrently(solve, todo, concurrency, "solution rows"):
+            if isinstance(res, Exception):
+                raise res
+    return len(writer.rows)
+
+
+def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, skip: set[str]) -> int:
+    """One more oracle recovery row per stale-file train task: its first attempt is the plain
+    procedure (solve.sh without the removal of report.old, 01's fault `drop@0`), the recovery
+    lists /app/out, removes the file and redoes the steps; kept if attempt 1 fails and 2 passes.
+
+    That first attempt is the one the policy makes on every stale-file task (no solution row shows
+    the removal before the file is seen), so its failure states all look like this one; 01's one
+    random fault per task puts a demonstration there on 16 of ~200 such tasks (the others repair a
+    typo or a path on top of a removed file), and the SFT policy then recovered 1% of these states:
+    too few successes in a group of G forks for GRPO to learn from. `skip`: the tasks whose 01 row
+    is this one already. Returns the rows in `path`."""
+    import importlib
+
+    build = importlib.import_module("01_build_data")
+    writer = build.Writer(path)
+    done = {r["task_id"] for r in writer.rows}
+    todo = [t for t in C.load_tasks(tasks_dir) if t.name in stale - done - skip]
+    bcfg = build.Config(system_prompt=microtasks.SYSTEM_PROMPT, recovery_prompt=C.RECOVERY_PROMPT,
+                        command_timeout=30.0, no_internet=True)
+
+    def demo(task: C.Task) -> None:
+        steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
+        if steps[0][1] != microtasks.STALE_STEP[1]:
+            raise RuntimeError(f"{task.name}: solve.sh does not remove report.old first")
+        fault = build.Fault("drop", 0, "drop@0", [c for _, c in steps[1:]])
+        row, outcome = build.oracle_row(bcfg, task, steps, fault)
+        if row is None:
+            raise RuntimeError(f"{task.name}: no plain-procedure recovery row ({outcome})")
+        writer.add(row)
+
+    with C.env_session():
+        for _, res in C.run_concurrently(demo, todo, concurrency, "plain-procedure rows"):
             if isinstance(res, Exception):
                 raise res
     return len(writer.rows)
@@ -528,13 +568,18 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
                                 cfg.pool_frac, cfg.stale_frac)
-    recoveries, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "solutions.jsonl", "sft.jsonl"))
+    recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
+                                                                      "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
         "--faults-per-task", cfg.faults_per_task, "--concurrency", cfg.concurrency, "--seed", cfg.task_seed,
         "--system-prompt", microtasks.SYSTEM_PROMPT],
        out / "log.txt")
+    plain.touch()
+    if cfg.plain_demos:
+        have = {r["task_id"] for r in C.read_jsonl(recoveries) if r["meta"]["fault"] == "drop@0"}
+        plain_rows(tasks / "train", set(split["stale"]), plain, cfg.concurrency, skip=have)
     solution_rows(tasks / "train", solutions, cfg.concurrency, skip=set(split["stale"]))
-    data.write_text(recoveries.read_text() + solutions.read_text())
+    data.write_text(recoveries.read_text() + plain.read_text() + solutions.read_text())
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
     for seed in range(cfg.seeds):
@@ -546,7 +591,8 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(r) + "\n")
         per_seed.append(r)
     res = summarize(cfg, per_seed, split)
-    res["n_sft_rows"] = {"recovery": len(C.read_jsonl(recoveries)), "solution": len(C.read_jsonl(solutions))}
+    res["n_sft_rows"] = {"recovery": len(C.read_jsonl(recoveries)), "plain": len(C.read_jsonl(plain)),
+                         "solution": len(C.read_jsonl(solutions))}
     res["wall_s"] = {"total": round(time.monotonic() - t0, 1), "build_data": build_s}
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(res, out / "learning.png")
