@@ -250,6 +250,15 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     stale = set(json.loads((out / "tasks/split.json").read_text())["stale"])
     assert stale & parts[0] and not stale & {r["task_id"] for r in C.read_jsonl(out / "data/solutions.jsonl")}
     assert stale & parts[0] <= {r["task_id"] for r in C.read_jsonl(out / "data/reterm.jsonl")}
+    # and each has the recovery from the plain procedure, the first attempt the policy makes there
+    plain = [r for f in ("reterm.jsonl", "plain.jsonl") for r in C.read_jsonl(out / "data" / f)
+             if r["meta"]["fault"] == "drop@0" and r["task_id"] in stale]
+    assert sorted(r["task_id"] for r in plain) == sorted(stale & parts[0])
+    for r in plain:
+        tfi = r["train_from_message_index"]
+        cmds = [[c["function"]["arguments"]["command"] for m in ms for c in m.get("tool_calls") or []]
+                for ms in (r["messages"][:tfi], r["messages"][tfi:])]
+        assert microtasks.STALE_STEP[1] not in cmds[0] and microtasks.STALE_STEP[1] in cmds[1], cmds
     assert 0 <= res["heldout_failures_stale_frac"] <= 1
     assert set(res["recovery_by_cause"]) == {"before", "fork", "standard"}
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
