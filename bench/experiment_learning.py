@@ -13,7 +13,7 @@ Every stage is the real script, run as a subprocess:
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes; none
          for stale-file tasks: a first attempt cannot know the file is there), plus on every stale-file
-         train task the recovery from that plain first attempt (plain_rows: the policy's own);
+         train task the recovery from that plain first attempt (--plain-demos, plain_rows);
   per seed s (model init, data order, sampling):
   02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction
@@ -71,7 +71,7 @@ class Config:
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
-    plain_demos: bool = True  # a plain-procedure recovery row per stale-file train task (plain_rows)
+    plain_demos: bool = False  # a plain-procedure recovery row per stale-file train task (plain_rows)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
@@ -108,6 +108,9 @@ class Config:
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False}
+# recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
+# and Recovery@1 of those
+CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
 
 
 def sh(args: list, log: Path) -> None:
@@ -134,15 +137,22 @@ def pool_flags(cfg: Config, seed: int) -> list:
     return ["--sample", cfg.pool_tasks, "--split-seed", seed]
 
 
-def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: int) -> list[float]:
-    """One 0/1 per (held-out failure state, sample): `samples` recovery attempts forked from each."""
+def removes_stale(commands: list[dict]) -> bool:
+    """Whether an attempt's commands removed the stale file (an `rm` naming report.old)."""
+    return any("report.old" in (c := str(x.get("command"))) and "rm " in c for x in commands)
+
+
+def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: int
+                  ) -> tuple[list[float], list[bool]]:
+    """One 0/1 per (held-out failure state, sample): `samples` recovery attempts forked from each;
+    and per sample whether it removed the stale file (removes_stale)."""
     import gc
     import importlib
 
     grpo = importlib.import_module("04_reterm_grpo")
     states = grpo.load_failures(failures)
     if not states:
-        return []
+        return [], []
     by_name = {t.name: t for t in C.load_tasks(tasks)}
     kw = {"max_model_len": cfg.max_context, "seed": seed} if cfg.engine == "vllm" else {}
     engine = C.make_engine(cfg.engine, model, dtype="float32", **kw)
@@ -152,7 +162,8 @@ def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: i
         groups, _ = C.run_recoveries(states, by_name, cfg.recovery_samples, engine, rcfg)
     del engine
     gc.collect()
-    return [float(ep.reward >= 1.0) for g in groups for ep in g]
+    eps = [ep for g in groups for ep in g]
+    return [float(ep.reward >= 1.0) for ep in eps], [removes_stale(ep.commands) for ep in eps]
 
 
 def pass_at_1(cfg: Config, model: Path, tasks: Path, out: Path, seed: int, log: Path) -> float:
@@ -221,8 +232,10 @@ def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, s
     the removal before the file is seen), so its failure states all look like this one; 01's one
     random fault per task puts a demonstration there on 16 of ~200 such tasks (the others repair a
     typo or a path on top of a removed file), and the SFT policy then recovered 1% of these states:
-    too few successes in a group of G forks for GRPO to learn from. `skip`: the tasks whose 01 row
-    is this one already. Returns the rows in `path`."""
+    too few successes in a group of G forks for GRPO to learn from. With these rows (seed 0) it
+    removed the file in half of its recoveries of train states, and fork GRPO then gained nothing
+    on held-out (README), so they are off by default. `skip`: the tasks whose 01 row is this one
+    already. Returns the rows in `path`."""
     import importlib
 
     build = importlib.import_module("01_build_data")
@@ -416,20 +429,25 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     stale = set(json.loads((tasks / "split.json").read_text()).get("stale", []))
     res["heldout_failures_stale_frac"] = sum(s["task"] in stale for s in states) / max(1, len(states))
 
-    def by_cause(rec: list[float]) -> dict[str, float | None]:
-        """Recovery@1 over the states on stale-file tasks and over the others (None: no such state)."""
+    def by_cause(rec: list[float], removed: list[bool]) -> dict[str, float | None]:
+        """Recovery@1 over the states on stale-file tasks and over the others, and on the stale-file
+        states: the share of recoveries that removed the file (found the cause) and Recovery@1 of
+        those (redid the steps right). None: no such state or sample."""
         flags = [s["task"] in stale for s in states for _ in range(cfg.recovery_samples)]
         out = {}
         for cause, want in (("stale", True), ("other", False)):
             xs = [r for r, f in zip(rec, flags, strict=True) if f == want]
             out[cause] = sum(xs) / len(xs) if xs else None
+        rm = [r for r, f, d in zip(rec, flags, removed, strict=True) if f and d]
+        out["stale_removed"] = len(rm) / flags.count(True) if True in flags else None
+        out["stale_removed_recovered"] = sum(rm) / len(rm) if rm else None
         return out
     lap("collect_failures")
     try:
-        before = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
+        before, removed = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
         res["recovery_before"] = before
         res["heldout_recovery_before"] = sum(before) / max(1, len(before))
-        res["recovery_by_cause"] = {"before": by_cause(before)}
+        res["recovery_by_cause"] = {"before": by_cause(before, removed)}
         lap("recovery_before")
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
                       "pass_at_1": res["sft_pass_at_1"]}] for m in ("fork", "standard")}
@@ -444,12 +462,12 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
                              seed, last, log)
             lap(f"grpo_chunk{c}")
             for mode, steps_used in (("fork", budget), ("standard", std)):
-                rec = recovery_at_1(cfg, out / mode / "final", fail["heldout"], held_dir, seed)
+                rec, removed = recovery_at_1(cfg, out / mode / "final", fail["heldout"], held_dir, seed)
                 p = pass_at_1(cfg, out / mode / "final", held_dir, out / f"eval_{mode}_{c}", seed, log)
                 curve[mode].append({"env_steps": steps_used, "recovery": sum(rec) / max(1, len(rec)),
                                     "pass_at_1": p})
                 res["recovery_after_samples"][mode] = rec
-                res["recovery_by_cause"][mode] = by_cause(rec)
+                res["recovery_by_cause"][mode] = by_cause(rec, removed)
                 res["env_steps"][mode] = steps_used
             lap(f"eval_chunk{c}")
         res["curve"] = curve
@@ -510,7 +528,7 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         # Recovery@1 of the states on stale-file tasks and of the others, per policy (mean over seeds)
         "recovery_by_cause": {p: {c: mean([x for s in per_seed if (x := s.get("recovery_by_cause", {})
                                                                    .get(p, {}).get(c)) is not None])
-                                  for c in ("stale", "other")} for p in ("before", *modes)},
+                                  for c in CAUSES} for p in ("before", *modes)},
     }
     rng = random.Random(0)
     res["ci95"] = {
@@ -615,6 +633,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "
               "Recovery@1 stale / other: " + ", ".join(
                   f"{p} {cause[p]['stale']:.3f} / {cause[p]['other']:.3f}" for p in cause))
+        print("stale-file states, recoveries that removed the file / Recovery@1 of those: " + ", ".join(
+            f"{p} {cause[p]['stale_removed']:.2f} / {cause[p]['stale_removed_recovered']:.2f}"
+            for p in cause))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
     return res
 

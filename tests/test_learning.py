@@ -220,7 +220,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
 
     out = tmp_path / "exp"
     argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
-            "--stale-frac", "0.5",
+            "--stale-frac", "0.5", "--plain-demos",
             "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
@@ -250,7 +250,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     stale = set(json.loads((out / "tasks/split.json").read_text())["stale"])
     assert stale & parts[0] and not stale & {r["task_id"] for r in C.read_jsonl(out / "data/solutions.jsonl")}
     assert stale & parts[0] <= {r["task_id"] for r in C.read_jsonl(out / "data/reterm.jsonl")}
-    # and each has the recovery from the plain procedure, the first attempt the policy makes there
+    # and (--plain-demos) each has the recovery from the plain procedure, the policy's first attempt there
     plain = [r for f in ("reterm.jsonl", "plain.jsonl") for r in C.read_jsonl(out / "data" / f)
              if r["meta"]["fault"] == "drop@0" and r["task_id"] in stale]
     assert sorted(r["task_id"] for r in plain) == sorted(stale & parts[0])
@@ -261,6 +261,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
         assert microtasks.STALE_STEP[1] not in cmds[0] and microtasks.STALE_STEP[1] in cmds[1], cmds
     assert 0 <= res["heldout_failures_stale_frac"] <= 1
     assert set(res["recovery_by_cause"]) == {"before", "fork", "standard"}
+    assert set(res["recovery_by_cause"]["before"]) == set(E.CAUSES)
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
              for r in C.read_jsonl(seed / f / "failures.jsonl")]
     assert snaps  # the random-init policy fails, so there were states to snapshot
