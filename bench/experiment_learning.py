@@ -233,7 +233,7 @@ def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, s
     random fault per task puts a demonstration there on 16 of ~200 such tasks (the others repair a
     typo or a path on top of a removed file), and the SFT policy then recovered 1% of these states:
     too few successes in a group of G forks for GRPO to learn from. With these rows (seed 0) it
-    removed the file in half of its recoveries of train states, and fork GRPO then gained nothing
+    removed the file in 61% of its recoveries of train states, and fork GRPO then gained nothing
     on held-out (README), so they are off by default. `skip`: the tasks whose 01 row is this one
     already. Returns the rows in `path`."""
     import importlib
