@@ -208,8 +208,9 @@ def candidate_faults(steps: list[tuple[str, str]], rng: random.Random,
             for k in kinds if j < len(by_kind[k])]
 
 
-def recovery_plan(steps: list[tuple[str, str]], fault: Fault, from_start: bool) -> list[tuple[str, str]]:
-    """(thought, command)s: look at what the faulty step should have made, redo from it (or all)."""
+def recovery_plan(steps: list[tuple[str, str]], fault: Fault, scope: str) -> list[tuple[str, str]]:
+    """(thought, command)s: look at what the faulty step should have made, then redo `scope`: the
+    faulty step alone ("step"), it and the steps after it ("from_fault"), or all ("from_start")."""
     d, cmd = steps[fault.step]
     dirs = list(dict.fromkeys(p if not Path(p).suffix else str(Path(p).parent) for p in PATH.findall(cmd)))
     look = f"ls -la {' '.join(dirs[:3])}" if dirs else "pwd && ls -la"
@@ -219,10 +220,18 @@ def recovery_plan(steps: list[tuple[str, str]], fault: Fault, from_start: bool) 
     if fault.kind == "path":
         plan.append((f"{why} First I remove the stray output.", f"rm -rf -- {fault.bad}"))
         why = "Now"
-    i = 0 if from_start else fault.step
-    redo = "redo the task from the first step" if from_start else "redo it and the steps after it"
+    i, j_end = {"step": (fault.step, fault.step + 1), "from_fault": (fault.step, len(steps)),
+                "from_start": (0, len(steps))}[scope]
+    redo = {"step": "redo just that step; the others did their part", "from_fault":
+            "redo it and the steps after it", "from_start": "redo the task from the first step"}[scope]
     return plan + [(f"{why} I will {redo}: {d}." if j == i else f"Next: {d}.", c) for j, (d, c) in
-                   enumerate(steps) if j >= i]
+                   enumerate(steps) if i <= j < j_end]
+
+
+# The repairs oracle_row tries, smallest first: the first whose fork passes the tests is the row, so a
+# demonstration never redoes work the failed attempt already did right (when the faulty step is the last
+# one, or the attempt stopped there, "step" is "from_fault" and is skipped).
+SCOPES = ("step", "from_fault", "from_start")
 
 
 def replay_attempt(env: C.Env, msgs: list[dict], steps: list[tuple[str, str]], timeout: float) -> list[dict]:
@@ -256,10 +265,12 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
             return None, "fault_did_not_fail"
         msgs.append(C.recovery_message(task.instruction, cfg.recovery_prompt))
         done = EXPLAIN[fault.kind][1].format(d=steps[fault.step][0])
-        for from_start in (False, True):  # redo from the faulty step; if that is not enough, all
+        for scope in SCOPES:
+            if scope == "step" and (fault.kind == "stop" or fault.step == len(steps) - 1):
+                continue
             out = list(msgs)
             with C.fork(snap, task, 1, not cfg.no_internet)[0] as env:
-                for thought, cmd in recovery_plan(steps, fault, from_start):
+                for thought, cmd in recovery_plan(steps, fault, scope):
                     act(env, out, thought, cmd, cfg.command_timeout)
                 out.append({"role": "assistant", "content": f"I {done}; every step of the task has now "
                             "run and the task is complete."})
@@ -268,7 +279,7 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
                 attempt = types.SimpleNamespace(end="answered", malformed=0, turns=len(ran) + 1, commands=ran)
                 meta = {"teacher": "oracle", "fault": fault.key, "fault_kind": fault.kind,
                         "error_category": C.classify_failure(attempt), "task_category": task.category,
-                        "recovery": "from_start" if from_start else "from_fault"}
+                        "recovery": scope}
                 return make_row(task.name, out, len(msgs), meta), "row"
         return None, "recovery_failed"
     finally:
