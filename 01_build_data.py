@@ -4,7 +4,8 @@ A row pairs a FAILED first attempt (context, no loss) with a VERIFIED recovery o
 container: attempt 1 is snapshotted before the verifier runs and must fail; the recovery
 runs in a fork of that snapshot and must pass. Teachers: `oracle` replays solution/solve.sh with one
 injected fault (a dropped step, a typo'd program, a wrong path, input file or value, an early stop),
-then inspects and redoes the steps from the faulty one (offline, no model); `policy` is a local model
+then inspects and makes the smallest repair that passes: the faulty step alone, else it and the steps
+after it, else all (offline, no model); `policy` is a local model
 (--model) recovering a student's (--student-model) failures; `openai` an OpenAI-compatible server.
 --import converts released ReTerm-10K rows instead. Rows already in --out are not redone: a killed run
 resumes.

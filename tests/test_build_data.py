@@ -326,3 +326,34 @@ def test_import_refuses_bad_files_leaving_nothing(tmp_path, text, message):
     with pytest.raises(C.DataError, match="^" + re.escape(f"{src}") + ".*" + re.escape(message)) as e:
         B.main(["--import", str(src), "--out", str(out)])
     assert "\n" not in str(e.value) and not (tmp_path / "sub").exists()
+
+
+def test_oracle_makes_the_smallest_repair_that_passes(docker_ready, tmp_path):
+    """The recovery redoes the faulty step alone when that passes (later steps keep their work), and
+    falls back to more only when it does not: a dropped first step whose absence the later steps
+    did not depend on is repaired by that step alone; a wrong path in a middle step needs the
+    steps after it too (the chmod went to the stray file)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import microtasks
+
+    cfg = B.Config(tasks=str(tmp_path), command_timeout=30.0, system_prompt=microtasks.SYSTEM_PROMPT,
+                   recovery_prompt=C.RECOVERY_PROMPT, no_internet=True)
+
+    def recover(name: str, pick) -> tuple[dict, list[str]]:
+        task = C.load_task(tmp_path / name)
+        steps = B.split_steps((task.solution_dir / "solve.sh").read_text())
+        row, outcome = B.oracle_row(cfg, task, steps, pick(steps))
+        assert outcome == "row", outcome
+        return row["meta"], B.commands_of(row["messages"][row["train_from_message_index"]:])
+
+    with C.env_session():
+        stale = microtasks.write_task(tmp_path, "copy", "green", "elk", "", stale=True)
+        meta, cmds = recover(stale, lambda steps: B.Fault("drop", 0, "drop@0", [c for _, c in steps[1:]]))
+        assert meta["recovery"] == "step" and cmds == ["ls -la /app/out", microtasks.STALE_STEP[1]]
+        mode = microtasks.write_task(tmp_path, "mode", "green", "elk", "640")
+        bad = "/app/out/owl.txt"
+        meta, cmds = recover(mode, lambda steps: B.Fault(
+            "path", 1, "path@1", ["mkdir -p /app/out", f"cp /app/data/green.txt {bad}", f"chmod 640 {bad}"],
+            good="/app/out/elk.txt", bad=bad))
+        assert meta["recovery"] == "from_fault" and cmds[1:] == [
+            f"rm -rf -- {bad}", "cp /app/data/green.txt /app/out/elk.txt", "chmod 640 /app/out/elk.txt"]
