@@ -137,6 +137,19 @@ def pool_flags(cfg: Config, seed: int) -> list:
     return ["--sample", cfg.pool_tasks, "--split-seed", seed]
 
 
+def rollout_config(cfg: Config, model: Path, seed: int | None = None) -> C.RolloutConfig:
+    """What the stage scripts roll out under roll_flags, for rollouts run here: the model's own
+    scaffold (its prompts), the experiment's limits, temperature 1."""
+    s = C.load_scaffold(model, log=lambda _: None, max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
+                        max_context=cfg.max_context, command_timeout=30.0)
+    return C.rollout_config(s, C.SamplingConfig(seed=seed), cfg.concurrency)
+
+
+def policy_engine(cfg: Config, model: Path, seed: int) -> C.VLLMEngine | C.HFEngine:
+    kw = {"max_model_len": cfg.max_context, "seed": seed} if cfg.engine == "vllm" else {}
+    return C.make_engine(cfg.engine, model, dtype="float32", **kw)
+
+
 def removes_stale(commands: list[dict]) -> bool:
     """Whether an attempt's commands removed the stale file (an `rm` naming report.old)."""
     return any("report.old" in (c := str(x.get("command"))) and "rm " in c for x in commands)
@@ -154,11 +167,9 @@ def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: i
     if not states:
         return [], []
     by_name = {t.name: t for t in C.load_tasks(tasks)}
-    kw = {"max_model_len": cfg.max_context, "seed": seed} if cfg.engine == "vllm" else {}
-    engine = C.make_engine(cfg.engine, model, dtype="float32", **kw)
-    rcfg = C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, command_timeout=30.0,
-                           concurrency=cfg.concurrency, sampling=C.SamplingConfig(max_tokens=cfg.max_tokens))
+    engine = policy_engine(cfg, model, seed)
     with C.env_session():
+        rcfg = rollout_config(cfg, model)
         groups, _ = C.run_recoveries(states, by_name, cfg.recovery_samples, engine, rcfg)
     del engine
     gc.collect()

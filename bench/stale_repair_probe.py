@@ -23,8 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import microtasks  # noqa: E402
-from experiment_learning import removes_stale  # noqa: E402
+import experiment_learning as E  # noqa: E402
 
 import common as C  # noqa: E402
 
@@ -33,19 +32,17 @@ import common as C  # noqa: E402
 class Config:
     """Train-side probe of the stale-file recoveries of an experiment's policies."""
 
-    run: str  # a bench/experiment_learning.py --out folder
+    run: str  # a bench/experiment_learning.py --out folder (its config.json gives the rollout limits)
     seed: int = 0  # which seed's policies (DIR/seed<s>/{sft,fork,standard})
     tasks: int = 40  # stale-file train tasks probed (a seeded sample)
     forks: int = 4  # recovery attempts per failure state and policy
-    max_turns: int = 6  # as the experiment's defaults
-    max_tokens: int = 160
-    max_context: int = 4096
-    concurrency: int = 8
 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
     run, seed = Path(cfg.run), cfg.seed
+    saved = json.loads((run / "config.json").read_text())
+    exp = E.Config(**{f.name: saved[f.name] for f in dataclasses.fields(E.Config) if f.name in saved})
     stale = set(json.loads((run / "tasks/split.json").read_text())["stale"])
     tasks = [t for t in C.load_tasks(run / "tasks/train") if t.name in stale]
     random.Random(seed).shuffle(tasks)
@@ -53,19 +50,11 @@ def main(argv: list[str] | None = None) -> dict:
     by_name = {t.name: t for t in tasks}
     policies = {p: run / f"seed{seed}" / p / "final" for p in ("sft", "fork", "standard")}
 
-    def rollout(sampling_seed: int) -> C.RolloutConfig:
-        sampling = C.SamplingConfig(max_tokens=cfg.max_tokens, seed=sampling_seed)  # temperature 1
-        return C.RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, command_timeout=30.0,
-                               concurrency=cfg.concurrency, system_prompt=microtasks.SYSTEM_PROMPT,
-                               sampling=sampling)
-
-    def engine(path: Path) -> C.VLLMEngine:
-        return C.make_engine("vllm", path, dtype="float32", max_model_len=cfg.max_context, seed=seed)
-
     res: dict = {"config": dataclasses.asdict(cfg)}
     with C.env_session():
-        eng = engine(policies["sft"])
-        firsts, _ = C.run_attempts(tasks, eng, rollout(1000), commit="failed", internet=False)
+        eng = E.policy_engine(exp, policies["sft"], seed)
+        firsts, _ = C.run_attempts(tasks, eng, E.rollout_config(exp, policies["sft"], 1000), commit="failed",
+                                   internet=False)
         states = [C.FailureState.from_episode(e) for e in firsts if e.reward < 1 and e.snapshot]
         res["first_attempts"], res["failure_states"] = len(firsts), len(states)
         try:
@@ -73,10 +62,11 @@ def main(argv: list[str] | None = None) -> dict:
                 if name != "sft":
                     del eng
                     gc.collect()
-                    eng = engine(path)
-                groups, _ = C.run_recoveries(states, by_name, cfg.forks, eng, rollout(2000), internet=False)
+                    eng = E.policy_engine(exp, path, seed)
+                rcfg = E.rollout_config(exp, path, 2000)
+                groups, _ = C.run_recoveries(states, by_name, cfg.forks, eng, rcfg, internet=False)
                 eps = [e for g in groups for e in g]
-                removed = [e for e in eps if removes_stale(e.commands)]
+                removed = [e for e in eps if E.removes_stale(e.commands)]
                 res[name] = {"recoveries": len(eps), "removed_file": len(removed) / max(1, len(eps)),
                              "recovery_at_1": sum(e.reward >= 1 for e in eps) / max(1, len(eps)),
                              "recovery_at_1_if_removed": (sum(e.reward >= 1 for e in removed)
