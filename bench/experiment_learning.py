@@ -236,17 +236,17 @@ def solution_rows(tasks_dir: Path, path: Path, concurrency: int, skip: set[str] 
 
 def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, skip: set[str]) -> int:
     """One more oracle recovery row per stale-file train task: its first attempt is the plain
-    procedure (solve.sh without the removal of report.old, 01's fault `drop@0`), the recovery
-    lists /app/out, removes the file and redoes the steps; kept if attempt 1 fails and 2 passes.
+    procedure (solve.sh without the removal of report.old, 01's fault `drop@0`), the recovery lists
+    /app/out and removes the file (01's smallest repair: the other steps did their part); kept if
+    attempt 1 fails and 2 passes.
 
     That first attempt is the one the policy makes on every stale-file task (no solution row shows
     the removal before the file is seen), so its failure states all look like this one; 01's one
-    random fault per task puts a demonstration there on 16 of ~200 such tasks (the others repair a
-    typo or a path on top of a removed file), and the SFT policy then recovered 1% of these states:
-    too few successes in a group of G forks for GRPO to learn from. With these rows (seed 0) it
-    removed the file in 61% of its recoveries of train states, and fork GRPO then gained nothing
-    on held-out (README), so they are off by default. `skip`: the tasks whose 01 row is this one
-    already. Returns the rows in `path`."""
+    random fault per task puts a demonstration there on ~16 of ~200 such tasks, and the SFT policy
+    then recovered 1% of these states: too few successes in a group of G forks for GRPO to learn
+    from. With these rows (seed 0) the SFT policy removed the file in 67% of its recoveries of
+    held-out stale-file states and recovered 33% of them, and fork GRPO did not raise that in 16
+    steps (README). `skip`: the tasks whose 01 row is this one already. Returns the rows in `path`."""
     import importlib
 
     build = importlib.import_module("01_build_data")

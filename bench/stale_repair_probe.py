@@ -8,7 +8,8 @@ nothing tells a first attempt the file is there); from every failure state the S
 standard-GRPO policies of that seed each fork --forks recovery attempts (the same states and
 sampling seeds for all three). Per policy it prints the share of recoveries that removed
 /app/out/report.old, Recovery@1, and Recovery@1 of the recoveries that removed it (the rest: the
-steps redone with a wrong argument). Writes DIR/seed<s>/stale_repair_probe.json.
+steps redone with a wrong argument). Writes DIR/seed<s>/stale_repair_probe.json, and every
+recovery (messages, commands, reward) to DIR/seed<s>/stale_repair_probe_<policy>.jsonl.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
                 rcfg = E.rollout_config(exp, path, 2000)
                 groups, _ = C.run_recoveries(states, by_name, cfg.forks, eng, rcfg, internet=False)
                 eps = [e for g in groups for e in g]
+                with open(run / f"seed{seed}" / f"stale_repair_probe_{name}.jsonl", "w") as f:
+                    f.writelines(json.dumps({"task": e.task.name} | e.record()) + "\n" for e in eps)
                 removed = [e for e in eps if E.removes_stale(e.commands)]
                 res[name] = {"recoveries": len(eps), "removed_file": len(removed) / max(1, len(eps)),
                              "recovery_at_1": sum(e.reward >= 1 for e in eps) / max(1, len(eps)),
