@@ -574,8 +574,9 @@ def main(argv: list[str] | None = None) -> Path:
                 _write_live(out, pool)
                 log_step(row, bool(rows))
             if step % cfg.save_every == 0 or step == cfg.steps or spent():  # the last step always
+                saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
                 C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
-                                                             "pool": pool and pool.to_dict()})
+                                                             "pool": saved_pool})
         if spent():
             C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step}")
         final = C.export_hf(model, tok, out / "final")

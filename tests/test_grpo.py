@@ -247,6 +247,12 @@ def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
     assert not [t for im in client.images.list() for t in im.tags if t.startswith(mine)]  # pool tags gone
     for s in states:
         client.images.get(s.snapshot)  # still there
+    # standard mode (an empty pool: its groups start fresh) checkpoints and resumes too
+    std = [a if a != str(out) else str(tmp_path / "standard") for a in args[2:]] + ["--mode", "standard"]
+    G.main(std + ["--steps", "1"])
+    G.main(std + ["--steps", "2"])
+    assert "resumed after step 1" in capsys.readouterr().out
+    assert [r["step"] for r in C.read_jsonl(tmp_path / "standard/metrics.jsonl")] == [1, 2]
 
 
 @pytest.mark.usefixtures("docker_ready")
