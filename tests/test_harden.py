@@ -52,7 +52,9 @@ def test_disk_fillers_are_bounded(make_task):
         r = env.bash(fill, timeout=60)
         assert "finished" not in r.output and "wrote more than 64 MB" in r.output
         written = int(env.bash("du -sm /app | cut -f1").output)
-        assert 64 <= written <= 64 + 256, written  # the cap plus at most ~0.25 s of writing
+        # stopped past the cap but far short of the loop's 1600 MB; how far past depends on how fast
+        # the disk writes between two 0.25 s polls (CI under load has written ~350 MB)
+        assert 64 <= written <= 800, written
         # output capture costs no disk: 3 s of `yes` keeps a few MiB, and reports the true size
         r = env.bash("yes", timeout=3)
         assert r.timed_out and int(r.output.split("[... ")[1].split(" bytes")[0]) > 10**7
