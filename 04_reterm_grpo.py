@@ -425,21 +425,22 @@ def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
 def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_id: int,
                    ref_model=None, rank: int = 0, world: int = 1) -> dict:
     """cfg.updates optimizer steps over `rows` (every rank passes the same rows and trains its share).
-    π_old is this model before the first update. With --updates 1 (the default, on-policy GRPO)
+    The policy is the one the rollouts sampled from: logits / --temperature, as the engine's logprobs
+    are. π_old is this model before the first update. With --updates 1 (the default, on-policy GRPO)
     π_θ = π_old, so the ratio is exactly 1 and clipping never acts; later minibatches of
     --updates > 1 are off-policy, and the clip bounds how far they move the policy."""
     minibatches = rank_batches(rows, cfg, pad_id, rank, world)
     with torch.no_grad():
         for b in (b for m in minibatches for b in m):
             if cfg.updates > 1:
-                b["old"] = C.token_logprobs(model, _to(b, device)).cpu()
+                b["old"] = C.token_logprobs(model, _to(b, device), cfg.temperature).cpu()
             if ref_model is not None:
-                b["ref"] = C.token_logprobs(ref_model, _to(b, device)).cpu()
+                b["ref"] = C.token_logprobs(ref_model, _to(b, device), cfg.temperature).cpu()
     acc = collections.Counter()
     for minibatch in minibatches:
         for b in map(functools.partial(_to, device=device), minibatch):
             mask = b["loss_mask"].bool()
-            logp = C.token_logprobs(model, b)
+            logp = C.token_logprobs(model, b, cfg.temperature)
             old = b["old"] if "old" in b else logp.detach()
             w = truncated_is_weight(old, b["engine_logp"], cfg.is_cap) if cfg.is_cap > 0 else None
             per_tok = clipped_token_loss(logp, old, b["adv"], cfg.eps_low, cfg.eps_high, w)

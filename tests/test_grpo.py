@@ -145,6 +145,29 @@ def tiny(tmp_path_factory):
     return C.make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", arch="qwen3")
 
 
+def test_the_trainer_scores_tokens_at_the_rollout_temperature(tiny):
+    """Tokens sampled at --temperature 2 with the engine's logprobs (softmax(logits / 2)): the trainer's
+    π_old must be that same distribution, so the mismatch KL is 0 and the IS weight 1."""
+    model, tok = C.load_model(tiny), C.load_tokenizer(tiny)
+    prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
+    with torch.no_grad():
+        logp = (model(torch.tensor([prompt])).logits[0, -1].float() / 2.0).log_softmax(-1)
+    acts = torch.multinomial(logp.exp(), 8, replacement=True, generator=torch.Generator().manual_seed(0))
+    rows = []
+    for a, adv in zip(acts.tolist(), [1.0, -1.0] * 4, strict=True):
+        trace = C.TokenTrace()
+        trace.add_context(prompt)
+        trace.add_sampled([a], [logp[a].item()], trained=True)
+        rows.append(G.Row(trace, adv))
+    for temp, matches in ((2.0, True), (1.0, False)):  # 1.0: what the trainer scored before
+        argv = ["--model", "m", "--out", "o", "--lr", "0", "--temperature", str(temp)]
+        cfg = C.parse_config(G.Config, argv)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+        stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
+        assert (stats["mismatch_kl"] < 1e-6) == matches, (temp, stats)
+        assert (abs(stats["is_weight"] - 1) < 1e-4) == matches, (temp, stats)
+
+
 def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
     up = _bandit(tiny, +1.0)
     down = _bandit(tiny, -1.0)
