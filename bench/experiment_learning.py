@@ -132,6 +132,11 @@ def roll_flags(cfg: Config) -> list:
             "--max-context", cfg.max_context, "--concurrency", cfg.concurrency, "--command-timeout", 30]
 
 
+def grpo_tasks_dir(cfg: Config, tasks: Path) -> Path:
+    """The tasks of 03's train states and of 04: tasks/pool with --pool-frac, else tasks/train."""
+    return tasks / ("pool" if cfg.pool_frac else "train")
+
+
 def pool_flags(cfg: Config, seed: int) -> list:
     """03/04 on the train side: the same seeded sample of train tasks (all of them when 0)."""
     return ["--sample", cfg.pool_tasks, "--split-seed", seed]
@@ -361,7 +366,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     out = Path(cfg.out) / f"seed{seed}"
     log = out / "log.txt"
     train_dir, held_dir = tasks / "train", tasks / "heldout"
-    grpo_dir = tasks / "pool" if cfg.pool_frac else train_dir  # 03's train states and 04's tasks
+    grpo_dir = grpo_tasks_dir(cfg, tasks)
     solutions = data.parent / "solutions.jsonl"
     res: dict = {"seed": seed, "wall_s": {}}
     t = time.monotonic()

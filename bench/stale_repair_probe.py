@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     exp = E.Config(**{f.name: saved[f.name] for f in dataclasses.fields(E.Config) if f.name in saved})
     stale = set(json.loads((run / "tasks/split.json").read_text())["stale"])
     if cfg.part == "pool":  # 03/04's seeded sample (E.pool_flags), then the probe's own sample of it
-        tasks = C.load_tasks(run / "tasks" / ("pool" if exp.pool_frac else "train"), sample=exp.pool_tasks,
-                             seed=seed)
+        tasks = C.load_tasks(E.grpo_tasks_dir(exp, run / "tasks"), sample=exp.pool_tasks, seed=seed)
     else:
         tasks = [t for t in C.load_tasks(run / "tasks/train") if t.name in stale]
     random.Random(seed).shuffle(tasks)
