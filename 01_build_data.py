@@ -43,6 +43,7 @@ class Config:
     import_path: str | None = None  # convert released ReTerm-10K rows (JSON/JSONL) instead; alias --import
     faults_per_task: int = 3  # oracle: distinct verified faults wanted per task
     max_tries_per_task: int = 9  # oracle: fault candidates tried per task at most
+    scopes: str = "step,from_fault,from_start"  # oracle: the repairs tried, in order (recovery_plan)
     attempts: int = 4  # policy/openai: student attempts per task (each failure gets one recovery)
     model: str | None = None  # policy: the teacher model folder
     student_model: str | None = None  # policy/openai: model for the first attempt (default: the teacher)
@@ -229,9 +230,10 @@ def recovery_plan(steps: list[tuple[str, str]], fault: Fault, scope: str) -> lis
                    enumerate(steps) if i <= j < j_end]
 
 
-# The repairs oracle_row tries, smallest first: the first whose fork passes the tests is the row, so a
-# demonstration never redoes work the failed attempt already did right (when the faulty step is the last
-# one, or the attempt stopped there, "step" is "from_fault" and is skipped).
+# The repairs oracle_row tries by default, smallest first: the first whose fork passes the tests is the
+# row, so a demonstration never redoes work the failed attempt already did right (when the faulty step
+# is the last one, or the attempt stopped there, "step" is "from_fault" and is skipped). --scopes
+# narrows them: "from_start" alone makes every recovery a redo of the whole task.
 SCOPES = ("step", "from_fault", "from_start")
 
 
@@ -266,7 +268,7 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
             return None, "fault_did_not_fail"
         msgs.append(C.recovery_message(task.instruction, cfg.recovery_prompt))
         done = EXPLAIN[fault.kind][1].format(d=steps[fault.step][0])
-        for scope in SCOPES:
+        for scope in cfg.scopes.split(","):
             if scope == "step" and (fault.kind == "stop" or fault.step == len(steps) - 1):
                 continue
             out = list(msgs)
@@ -601,6 +603,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         tasks = C.load_tasks(cfg.tasks, cfg.task_filter)
         n_tasks = len(tasks)
+        if not cfg.scopes or set(cfg.scopes.split(",")) - set(SCOPES):
+            raise SystemExit(f"--scopes {cfg.scopes!r}: a comma list of {', '.join(SCOPES)}")
         if cfg.teacher not in ("oracle", "policy", "openai"):
             raise SystemExit(f"--teacher {cfg.teacher!r}: choose oracle, policy or openai")
         if cfg.teacher == "openai" and not (cfg.base_url and cfg.api_model):

@@ -72,6 +72,8 @@ class Config:
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
     plain_demos: bool = False  # a plain-procedure recovery row per stale-file train task (plain_rows)
+    fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
+    scopes: str = "step,from_fault,from_start"  # 01: the repairs its oracle tries ("from_start": redo all)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
@@ -105,9 +107,11 @@ class Config:
 
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
-SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos")
+SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
+                "fresh_out", "scopes")
 # what a config.json from before a field existed ran with
-LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False}
+LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "fresh_out": False,
+          "scopes": "step,from_fault,from_start"}
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
 CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
@@ -597,22 +601,26 @@ def main(argv: list[str] | None = None) -> dict:
         if changed:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
+    if cfg.plain_demos and cfg.fresh_out:
+        raise SystemExit("--plain-demos needs stale-file failures; --fresh-out solutions remove them")
     C.dump_config(cfg, out)
     t0 = time.monotonic()
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
-                                cfg.pool_frac, cfg.stale_frac)
+                                cfg.pool_frac, cfg.stale_frac, cfg.fresh_out)
     recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
         "--faults-per-task", cfg.faults_per_task, "--concurrency", cfg.concurrency, "--seed", cfg.task_seed,
-        "--system-prompt", microtasks.SYSTEM_PROMPT],
+        "--scopes", cfg.scopes, "--system-prompt", microtasks.SYSTEM_PROMPT],
        out / "log.txt")
     plain.touch()
     if cfg.plain_demos:
         have = {r["task_id"] for r in C.read_jsonl(recoveries) if r["meta"]["fault"] == "drop@0"}
         plain_rows(tasks / "train", set(split["stale"]), plain, cfg.concurrency, skip=have)
-    solution_rows(tasks / "train", solutions, cfg.concurrency, skip=set(split["stale"]))
+    # with --fresh-out a first attempt removes a stale file without knowing of it: every task has its row
+    no_row = set() if cfg.fresh_out else set(split["stale"])
+    solution_rows(tasks / "train", solutions, cfg.concurrency, skip=no_row)
     data.write_text(recoveries.read_text() + plain.read_text() + solutions.read_text())
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []

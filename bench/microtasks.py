@@ -1,7 +1,7 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
     python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--pool-frac 0]
-                                   [--stale-frac 0] [--seed 0]
+                                   [--stale-frac 0] [--fresh-out] [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
 Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json; --pool-frac also writes
@@ -17,7 +17,10 @@ of the tasks of every part gets the second environment instead (STALE_DOCKERFILE
 output folder already holds a stale file from an earlier run, which the instruction does not mention.
 The plain procedure runs without an error and fails the tests (the output folder must hold only the
 task's file); `ls /app/out` shows the cause, and the repair is the same on every task: a failure with
-an observable cause and a general fix, unlike a copy error, which is specific to its pair.
+an observable cause and a general fix, unlike a copy error, which is specific to its pair. With
+--fresh-out every solution starts by emptying the output folder (FRESH_STEP): a redo of the whole
+procedure then repairs any failure inside /app/out (a wrong name, value or mode, a stale file), and
+passes iff it copies the arguments right this time, with the failed attempt's wrong ones in context.
 
 `--model` writes a random-init Qwen3 of the given size (tied embeddings) with the project's tiny
 tokenizer plus one token per argument value, and the tiny chat template without its tool-schema
@@ -103,11 +106,16 @@ def data_files() -> dict[str, str]:
     return out
 
 
-def task_spec(template: str, src: str, dst: str, mode: str) -> dict:
+# The first step with --fresh-out: the procedure starts from an empty output folder, so a redo of the
+# whole task from its first step also clears whatever a failed attempt (or an earlier run) left there.
+FRESH_STEP = ("make an empty output folder", "rm -rf /app/out && mkdir /app/out")
+
+
+def task_spec(template: str, src: str, dst: str, mode: str, fresh_out: bool = False) -> dict:
     """instruction, solve.sh steps [(description, command)] and the outcome check of one task.
     src is the first argument: a source name, or for `write` the word to write."""
     out = f"/app/out/{dst}.txt"
-    mk = ("make the output folder", "mkdir -p /app/out")
+    mk = FRESH_STEP if fresh_out else ("make the output folder", "mkdir -p /app/out")
     only = f'[ "$(ls -A /app/out)" = "{dst}.txt" ] || fail "/app/out must hold only {dst}.txt"\n'
     if template == "write":
         return {"instruction": f"Create the file {out} containing the single word {src}.",
@@ -144,10 +152,12 @@ def split_pairs(seed: int, frac: float, pool_frac: float = 0.0) -> dict[str, set
             "train": set(pairs[n_held + n_pool:])}
 
 
-def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool = False) -> str:
+def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool = False,
+               fresh_out: bool = False) -> str:
     """One task folder; `stale`: the environment with a stale /app/out/report.old, and its removal as
-    the solution's first step (the task's name and instruction do not change)."""
-    spec = task_spec(template, src, dst, mode)
+    the solution's first step (the task's name and instruction do not change); `fresh_out`: the
+    solution starts by emptying the output folder (FRESH_STEP, which removes a stale file too)."""
+    spec = task_spec(template, src, dst, mode, fresh_out)
     key = f"{src}-{mode}" if template == "mode" else src
     name = f"micro-{template}-{key}-{dst}"
     d = root / name
@@ -156,7 +166,7 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
     (d / "instruction.md").write_text(spec["instruction"] + "\n")
     (d / "task.toml").write_text(TASK_TOML.format(template=template))
     (d / "environment/Dockerfile").write_text(STALE_DOCKERFILE if stale else DOCKERFILE)
-    if stale:
+    if stale and not fresh_out:
         spec["steps"].insert(0, STALE_STEP)
     for f, text in data_files().items():
         (d / "environment/data" / f).write_text(text)
@@ -172,7 +182,7 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
 
 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
-             seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0) -> dict:
+             seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0, fresh_out: bool = False) -> dict:
     """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), and with
     pool_frac > 0 every task on a share of the non-held-out pairs under pool/; returns the split
     {train: [...], pool: [...], heldout: [...], stale: [...]}.
@@ -200,7 +210,7 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
         part = next(k for k, ps in parts.items() if (src, dst) in ps)
         if len(split[part]) < cap[part]:
             stale = random.Random(f"stale:{seed}:{template}:{src}:{dst}:{mode}").random() < stale_frac
-            split[part].append(write_task(out / part, template, src, dst, mode, stale))
+            split[part].append(write_task(out / part, template, src, dst, mode, stale, fresh_out))
             if stale:
                 split["stale"].append(split[part][-1])
     split = {k: sorted(v) for k, v in split.items()}
@@ -266,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool-frac", type=float, default=0.0, help="share of the other pairs written to pool/")
     p.add_argument("--stale-frac", type=float, default=0.0,
                    help="share of tasks whose output folder holds a stale file already")
+    p.add_argument("--fresh-out", action="store_true",
+                   help="solutions start by emptying the output folder (rm -rf /app/out && mkdir /app/out)")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
     p.add_argument("--model", help="write a random-init Qwen3 policy here instead")
     p.add_argument("--hidden", type=int, default=128, help="--model: hidden size (head_dim 32)")
@@ -276,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not a.out:
         p.error("OUT is required (or --model)")
-    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac)
+    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac, a.fresh_out)
     print(f"{len(s['train'])} train, {len(s['pool'])} pool, {len(s['heldout'])} held-out tasks under {a.out}"
           f" ({len(s['stale'])} with the stale file)")
 
