@@ -3,6 +3,7 @@ teacher against a scripted local server, and import of released ReTerm-10K rows.
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import importlib
 import json
@@ -357,3 +358,13 @@ def test_oracle_makes_the_smallest_repair_that_passes(docker_ready, tmp_path):
             good="/app/out/elk.txt", bad=bad))
         assert meta["recovery"] == "from_fault" and cmds[1:] == [
             f"rm -rf -- {bad}", "cp /app/data/green.txt /app/out/elk.txt", "chmod 640 /app/out/elk.txt"]
+        # --scopes from_start: every recovery redoes the whole task; with --fresh-out its first step
+        # empties the output folder, so the redo also clears what the wrong input left there
+        cfg = dataclasses.replace(cfg, scopes="from_start")
+        fresh = microtasks.write_task(tmp_path, "mode", "red", "yak", "600", fresh_out=True)
+        solution = [microtasks.FRESH_STEP[1], "cp /app/data/red.txt /app/out/yak.txt",
+                    "chmod 600 /app/out/yak.txt"]
+        meta, cmds = recover(fresh, lambda steps: B.Fault(
+            "input", 1, "input@1", [solution[0], "cp /app/data/gray.txt /app/out/yak.txt", solution[2]],
+            bad="/app/data/gray.txt", good="/app/data/red.txt"))
+        assert meta["recovery"] == "from_start" and cmds == ["ls -la /app/data /app/out", *solution]
