@@ -9,6 +9,9 @@ Every stage is the real script, run as a subprocess:
          --stale-frac (default 0.5) of the tasks of every part start with a stale report.old in the
          output folder: a failure whose cause `ls` shows and whose repair is the same on every task
          (the policy's copy errors are specific to a pair: no update on other pairs fixes them);
+         --fresh-out: every solution starts by emptying the output folder, so with --scopes from_start
+         (01 redoes the whole task in every recovery) a recovery passes iff it copies the arguments
+         right this time, with the failed attempt's wrong ones in context (use --stale-frac 0);
   01     oracle recovery demonstrations on the TRAIN tasks only (one per task), plus each train task's oracle
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes; none
