@@ -134,7 +134,10 @@ def test_sigint_leaves_nothing_behind(make_task, tmp_path):
     make_task("hang", solve="sleep 1000")
     cmd = [sys.executable, str(ROOT / "05_eval_tb2.py"), "--tasks", str(tmp_path / "tasks"),
            "--out", str(tmp_path / "ev"), "--trials", "3", "--concurrency", "3"]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Ctrl-C's default action in the child, whatever ours is: a test run started in the background of
+    # a shell without job control (nohup cmd &) ignores SIGINT, and a child inherits an ignored signal
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(labelled(**{"reterm.task": "hang"})) < 3 and time.monotonic() < deadline:
         time.sleep(0.3)
