@@ -114,7 +114,7 @@ SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac
                 "fresh_out", "scopes")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "fresh_out": False,
-          "scopes": "step,from_fault,from_start"}
+          "scopes": Config.scopes}
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
 CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
