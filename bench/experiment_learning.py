@@ -75,6 +75,7 @@ class Config:
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
     plain_demos: bool = False  # a plain-procedure recovery row per stale-file train task (plain_rows)
+    plain_frac: float = 1.0  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
     scopes: str = "step,from_fault,from_start"  # 01: the repairs its oracle tries ("from_start": redo all)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
@@ -111,9 +112,9 @@ class Config:
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
-                "fresh_out", "scopes")
+                "plain_frac", "fresh_out", "scopes")
 # what a config.json from before a field existed ran with
-LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "fresh_out": False,
+LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes}
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
@@ -283,6 +284,19 @@ def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, s
             if isinstance(res, Exception):
                 raise res
     return len(writer.rows)
+
+
+def demo_tasks(split: dict, frac: float, seed: int) -> set[str]:
+    """The stale-file train tasks that get a plain-procedure row: a seeded share `frac` of them.
+
+    The share sets how sure the SFT policy is of the repair. With every such task (1.0) it removed
+    the file in ~2/3 of its recoveries, and each state's forks agreed on whether it did (a state's
+    outcome set by the state: no contrast inside a group). With 01's ~16 rows alone it did so in ~1%
+    of them, too rarely for a group of G forks to hold a success. The train-side figures of both
+    runs put a share in between where the repair is neither certain nor absent."""
+    stale = sorted(set(split["stale"]) & set(split["train"]))
+    k = round(frac * len(stale))
+    return set(random.Random(f"plain:{seed}").sample(stale, k))
 
 
 def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -> int:
@@ -604,6 +618,8 @@ def main(argv: list[str] | None = None) -> dict:
         if changed:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
+    if not 0.0 <= cfg.plain_frac <= 1.0 or (cfg.plain_frac != 1.0 and not cfg.plain_demos):
+        raise SystemExit("--plain-frac is a share in [0, 1] and needs --plain-demos")
     if cfg.plain_demos and cfg.fresh_out:
         raise SystemExit("--plain-demos needs stale-file failures; --fresh-out solutions remove them")
     C.dump_config(cfg, out)
@@ -618,13 +634,17 @@ def main(argv: list[str] | None = None) -> dict:
         "--scopes", cfg.scopes, "--system-prompt", microtasks.SYSTEM_PROMPT],
        out / "log.txt")
     plain.touch()
-    if cfg.plain_demos:
+    plain_tasks = demo_tasks(split, cfg.plain_frac, cfg.task_seed) if cfg.plain_demos else set()
+    if plain_tasks:
         have = {r["task_id"] for r in C.read_jsonl(recoveries) if r["meta"]["fault"] == "drop@0"}
-        plain_rows(tasks / "train", set(split["stale"]), plain, cfg.concurrency, skip=have)
+        plain_rows(tasks / "train", plain_tasks, plain, cfg.concurrency, skip=have)
     # with --fresh-out a first attempt removes a stale file without knowing of it: every task has its row
     no_row = set() if cfg.fresh_out else set(split["stale"])
     solution_rows(tasks / "train", solutions, cfg.concurrency, skip=no_row)
-    data.write_text(recoveries.read_text() + plain.read_text() + solutions.read_text())
+    # plain.jsonl may hold rows of a larger --plain-frac (a copied data folder): only the chosen tasks' go in
+    plain_kept = [r for r in C.read_jsonl(plain) if r["task_id"] in plain_tasks]
+    data.write_text(recoveries.read_text() + "".join(json.dumps(r) + "\n" for r in plain_kept)
+                    + solutions.read_text())
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
     for seed in range(cfg.seeds):
@@ -636,7 +656,7 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(r) + "\n")
         per_seed.append(r)
     res = summarize(cfg, per_seed, split)
-    res["n_sft_rows"] = {"recovery": len(C.read_jsonl(recoveries)), "plain": len(C.read_jsonl(plain)),
+    res["n_sft_rows"] = {"recovery": len(C.read_jsonl(recoveries)), "plain": len(plain_kept),
                          "solution": len(C.read_jsonl(solutions))}
     res["wall_s"] = {"total": round(time.monotonic() - t0, 1), "build_data": build_s}
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
