@@ -16,7 +16,8 @@ Every stage is the real script, run as a subprocess:
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes; none
          for stale-file tasks: a first attempt cannot know the file is there), plus on every stale-file
-         train task the recovery from that plain first attempt (--plain-demos, plain_rows);
+         train task the recovery from that plain first attempt (--plain-demos, plain_rows; on a seeded
+         share of them with --plain-frac, demo_tasks);
   per seed s (model init, data order, sampling):
   02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction

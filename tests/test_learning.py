@@ -211,6 +211,21 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     assert sum(bad) / len(bad) < 0, bad
 
 
+def test_plain_frac_picks_a_seeded_share_of_the_stale_train_tasks(tmp_path):
+    import experiment_learning as E
+
+    split = microtasks.generate(tmp_path / "t", n_train=48, n_heldout=16, seed=0, stale_frac=0.5)
+    stale_train = set(split["stale"]) & set(split["train"])
+    assert len(stale_train) >= 8
+    half = E.demo_tasks(split, 0.5, 0)
+    assert half < stale_train and len(half) == round(len(stale_train) / 2)
+    assert E.demo_tasks(split, 0.5, 0) == half and E.demo_tasks(split, 0.5, 1) != half
+    assert E.demo_tasks(split, 1.0, 0) == stale_train and not E.demo_tasks(split, 0.0, 0)
+    for bad in (["--plain-frac", "0.5"], ["--plain-demos", "--plain-frac", "1.5"]):
+        with pytest.raises(SystemExit, match="plain-frac"):
+            E.main(["--out", str(tmp_path / "exp"), *bad])
+
+
 def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready, tmp_path):
     """bench/experiment_learning.py end to end at a toy size (a 64x2 model, a few steps, a GRPO pool
     kept out of SFT, stale-file tasks): the results.json contract, no split leaking into another, no
