@@ -294,7 +294,9 @@ def demo_tasks(split: dict, frac: float, seed: int) -> set[str]:
     the file in ~2/3 of its recoveries, and each state's forks agreed on whether it did (a state's
     outcome set by the state: no contrast inside a group). With 01's ~16 rows alone it did so in ~1%
     of them, too rarely for a group of G forks to hold a success. The train-side figures of both
-    runs put a share in between where the repair is neither certain nor absent."""
+    runs put a share in between where the repair is neither certain nor absent. At 0.5 (seed 0) the
+    policy removed the file in 70% of its held-out recoveries, the forks of 14 of its 48 held-out
+    states disagreed, and fork GRPO raised Recovery@1 from 0.276 to 0.349 (README, Results)."""
     stale = sorted(set(split["stale"]) & set(split["train"]))
     k = round(frac * len(stale))
     return set(random.Random(f"plain:{seed}").sample(stale, k))
