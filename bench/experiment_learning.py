@@ -488,6 +488,12 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         res["recovery_before"] = before
         res["heldout_recovery_before"] = sum(before) / max(1, len(before))
         res["recovery_by_cause"] = {"before": by_cause(before, removed)}
+        # every evaluation point as it is made: a seed stopped in a later chunk keeps the earlier ones
+        progress = out / "progress.jsonl"
+        progress.unlink(missing_ok=True)  # a resumed seed evaluates every point again
+        C.append_jsonl(progress, {"policy": "sft", "env_steps": 0, "recovery": res["heldout_recovery_before"],
+                                  "pass_at_1": res["sft_pass_at_1"],
+                                  "by_cause": res["recovery_by_cause"]["before"], "samples": before})
         lap("recovery_before")
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
                       "pass_at_1": res["sft_pass_at_1"]}] for m in ("fork", "standard")}
@@ -509,6 +515,8 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
                 res["recovery_after_samples"][mode] = rec
                 res["recovery_by_cause"][mode] = by_cause(rec, removed)
                 res["env_steps"][mode] = steps_used
+                C.append_jsonl(progress, {"policy": mode, "chunk": c, **curve[mode][-1],
+                                          "by_cause": res["recovery_by_cause"][mode], "samples": rec})
             lap(f"eval_chunk{c}")
         res["curve"] = curve
         res["heldout_recovery_after"] = {m: curve[m][-1]["recovery"] for m in curve}

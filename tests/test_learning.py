@@ -283,6 +283,12 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     for snap in snaps:
         with pytest.raises(docker.errors.ImageNotFound):
             C.docker_client().images.get(snap)
+    # every evaluation point was recorded as it was made (what a seed stopped mid-way keeps)
+    prog = C.read_jsonl(seed / "progress.jsonl")
+    assert [r["policy"] for r in prog] == ["sft", "fork", "standard"]
+    curve = res["per_seed"][0]["curve"]
+    assert [r["recovery"] for r in prog] == [curve["fork"][0]["recovery"], curve["fork"][1]["recovery"],
+                                             curve["standard"][1]["recovery"]]
     done = (seed / "result.json").stat().st_mtime_ns
     assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
     assert (seed / "result.json").stat().st_mtime_ns == done
