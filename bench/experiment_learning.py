@@ -489,15 +489,14 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         res["recovery_before"] = before
         res["heldout_recovery_before"] = sum(before) / max(1, len(before))
         res["recovery_by_cause"] = {"before": by_cause(before, removed)}
-        # every evaluation point as it is made: a seed stopped in a later chunk keeps the earlier ones
-        progress = out / "progress.jsonl"
-        progress.unlink(missing_ok=True)  # a resumed seed evaluates every point again
-        C.append_jsonl(progress, {"policy": "sft", "env_steps": 0, "recovery": res["heldout_recovery_before"],
-                                  "pass_at_1": res["sft_pass_at_1"],
-                                  "by_cause": res["recovery_by_cause"]["before"], "samples": before})
         lap("recovery_before")
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
                       "pass_at_1": res["sft_pass_at_1"]}] for m in ("fork", "standard")}
+        # every evaluation point as it is made: a seed stopped in a later chunk keeps the earlier ones
+        progress = out / "progress.jsonl"
+        progress.unlink(missing_ok=True)  # a resumed seed evaluates every point again
+        C.append_jsonl(progress, {"policy": "sft", **curve["fork"][0],
+                                  "by_cause": res["recovery_by_cause"]["before"], "samples": before})
         res["recovery_after_samples"], res["env_steps"] = {}, {}
         n_chunks = -(-cfg.grpo_steps // cfg.eval_every)
         for c in range(1, n_chunks + 1):
