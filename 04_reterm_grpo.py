@@ -91,7 +91,7 @@ class Config:
     sleep: bool = True  # GPU: put vLLM to sleep (level 1) while training
     verify_fresh: bool = False  # rewards from a fresh fork of each attempt: no agent process can forge them
     env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
-    save_every: int = 10  # checkpoint every N steps (and at the end)
+    save_every: int = 10  # checkpoint every N steps (0: only at the end)
     keep_pool: bool = False  # keep the pool's snapshot images after the last step (to go on later)
     seed: int = 0  # sampling / pool seed
 
@@ -574,7 +574,8 @@ def main(argv: list[str] | None = None) -> Path:
                 C.append_jsonl(out / "metrics.jsonl", row)
                 _write_live(out, pool)
                 log_step(row, bool(rows))
-            if step % cfg.save_every == 0 or step == cfg.steps or spent():  # the last step always
+            periodic = cfg.save_every and step % cfg.save_every == 0
+            if periodic or step == cfg.steps or spent():  # the last step always
                 saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
                 C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
                                                              "pool": saved_pool})
