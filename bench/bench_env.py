@@ -1,7 +1,10 @@
 """Environment-layer figures, measured side by side in one run (not a test).
 
 1. snapshot + fork of N containers vs N fresh starts of the same task image;
-2. oracle evaluation of all bundled tasks at concurrency 1 vs 4 (wall-clock ratio).
+2. the machine's CPU time per environment operation (every process: dockerd, containerd, runc and
+   the container's own, from /proc/stat, so Linux only) and what it caps: rollouts are CPU-bound
+   on a small machine, whatever the concurrency;
+3. oracle evaluation of all bundled tasks at concurrency 1 vs 4 (wall-clock ratio).
 
     python bench/bench_env.py [--tasks tasks] [--n 8]
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import tempfile
 import time
@@ -23,6 +27,32 @@ def timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (all cores, user + system) since boot."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
+
+
+def cpu_per_call(fn, n: int) -> float:
+    """Machine CPU seconds per call of fn, over n calls one after another."""
+    t0 = cpu_seconds()
+    for _ in range(n):
+        fn()
+    return (cpu_seconds() - t0) / n
+
+
+def op_costs(task: C.Task, n: int) -> dict[str, float]:
+    def start_close() -> None:
+        C.start_env(task).close()
+
+    with C.start_env(task) as env:
+        return {"start + remove a container": cpu_per_call(start_close, n),
+                "one bash command (ls)": cpu_per_call(lambda: env.bash("ls /"), 4 * n),
+                "verify (tests uploaded, test.sh run)": cpu_per_call(env.verify, n),
+                "snapshot + remove it": cpu_per_call(lambda: C.remove_image(env.snapshot()), n)}
 
 
 def main() -> None:
@@ -48,12 +78,20 @@ def main() -> None:
         for e in forks + [base]:
             e.close()
         C.remove_image(snap)
+        costs = op_costs(task, args.n)
     print(f"\n== containers ({task.name}, n={args.n}) ==")
     print(f"{args.n} fresh starts, one after another : {t_fresh:6.2f} s")
     print(f"{args.n} fresh starts, concurrent         : {t_fresh_par:6.2f} s")
     print(f"snapshot (docker commit)               : {t_snap:6.2f} s")
     print(f"fork {args.n} from the snapshot, concurrent : {t_fork:6.2f} s")
     print(f"snapshot + fork vs fresh concurrent    : {(t_snap + t_fork) / t_fresh_par:6.2f}x the time")
+    print(f"\n== machine CPU per operation ({task.name}, {os.cpu_count()} cores; every process) ==")
+    for what, s in costs.items():
+        print(f"{what:<40}: {1000 * s:6.0f} ms")
+    episode = (costs["start + remove a container"] + 3 * costs["one bash command (ls)"]
+               + costs["verify (tests uploaded, test.sh run)"])
+    print(f"an episode of 3 commands, verified      : {1000 * episode:6.0f} ms -> at most "
+          f"{60 * (os.cpu_count() or 1) / episode:.0f} episodes/min on this machine, before any generation")
     if args.skip_eval:
         return
     ev = importlib.import_module("05_eval_tb2")

@@ -15,9 +15,9 @@ Every stage is the real script, run as a subprocess:
   01     oracle recovery demonstrations on the TRAIN tasks only (one per task), plus each train task's oracle
          solution as a verified one-attempt row (solution_rows: a model trained from scratch must
          learn first attempts too, which the paper's pretrained base model already makes; none
-         for stale-file tasks: a first attempt cannot know the file is there), plus on every stale-file
-         train task the recovery from that plain first attempt (--plain-demos, plain_rows; on a seeded
-         share of them with --plain-frac, demo_tasks);
+         for stale-file tasks: a first attempt cannot know the file is there), plus on a seeded share
+         (--plain-frac, default 0.5: demo_tasks) of the stale-file train tasks the recovery from that
+         plain first attempt (plain_rows; --no-plain-demos: none);
   per seed s (model init, data order, sampling):
   02     SFT of a random-init Qwen3 (bench/microtasks.make_model) in runs of the stage script:
          a warm-up on the solutions alone (many small steps: copying an argument from the instruction
@@ -76,8 +76,8 @@ class Config:
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
-    plain_demos: bool = False  # a plain-procedure recovery row per stale-file train task (plain_rows)
-    plain_frac: float = 1.0  # with plain_demos: the seeded share of stale-file train tasks that get one
+    plain_demos: bool = True  # plain-procedure recovery rows on stale-file train tasks (plain_rows)
+    plain_frac: float = 0.5  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
     scopes: str = "step,from_fault,from_start"  # 01: the repairs its oracle tries ("from_start": redo all)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
@@ -96,8 +96,8 @@ class Config:
     repair_steps: int = 0  # 02, phase 3: steps on repair_rows + the phase-2 data (0: no phase 3)
     attempts: int = 2  # 03: attempts per task (held-out and train)
     pool_tasks: int = 100  # 03/04: train tasks (a seeded sample) of the failure pool and of GRPO
-    grpo_steps: int = 16  # 04 fork-mode steps in all
-    eval_every: int = 16  # 04 steps per chunk (an evaluation point after each; 16 = only at the end)
+    grpo_steps: int = 32  # 04 fork-mode steps in all
+    eval_every: int = 16  # 04 steps per chunk (an evaluation point after each; = grpo_steps: at the end only)
     batch_states: int = 4  # 04 B: groups per step
     group_size: int = 8  # 04 G: attempts per group (train-state recovery is ~0.1-0.3: G=4 is mostly uniform)
     fresh_frac: float = 0.25  # 04 fork mode: share of fresh-start groups feeding the pool
@@ -121,6 +121,14 @@ LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
 CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
+
+
+def split_fields(config: dict) -> dict:
+    """The SPLIT_FIELDS a config ran with (LEGACY for older ones); plain_frac counts only with plain_demos."""
+    fields = {k: config.get(k, LEGACY.get(k)) for k in SPLIT_FIELDS}
+    if not fields["plain_demos"]:
+        fields["plain_frac"] = None
+    return fields
 
 
 def sh(args: list, log: Path) -> None:
@@ -624,15 +632,16 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
     out = Path(cfg.out)
     if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
-        old = json.loads((out / "config.json").read_text())
-        changed = [k for k in SPLIT_FIELDS if old.get(k, LEGACY.get(k)) != getattr(cfg, k)]
+        old, new = split_fields(json.loads((out / "config.json").read_text())), split_fields(vars(cfg))
+        changed = [k for k in SPLIT_FIELDS if old[k] != new[k]]
         if changed:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
-    if not 0.0 <= cfg.plain_frac <= 1.0 or (cfg.plain_frac != 1.0 and not cfg.plain_demos):
-        raise SystemExit("--plain-frac is a share in [0, 1] and needs --plain-demos")
+    if not 0.0 <= cfg.plain_frac <= 1.0:
+        raise SystemExit("--plain-frac is a share in [0, 1]")
     if cfg.plain_demos and cfg.fresh_out:
-        raise SystemExit("--plain-demos needs stale-file failures; --fresh-out solutions remove them")
+        raise SystemExit("--fresh-out solutions remove the stale file that --plain-demos rows repair: "
+                         "add --no-plain-demos")
     C.dump_config(cfg, out)
     t0 = time.monotonic()
     tasks = out / "tasks"

@@ -221,9 +221,13 @@ def test_plain_frac_picks_a_seeded_share_of_the_stale_train_tasks(tmp_path):
     assert half < stale_train and len(half) == round(len(stale_train) / 2)
     assert E.demo_tasks(split, 0.5, 0) == half and E.demo_tasks(split, 0.5, 1) != half
     assert E.demo_tasks(split, 1.0, 0) == stale_train and not E.demo_tasks(split, 0.0, 0)
-    for bad in (["--plain-frac", "0.5"], ["--plain-demos", "--plain-frac", "1.5"]):
-        with pytest.raises(SystemExit, match="plain-frac"):
+    for bad, what in ((["--plain-frac", "1.5"], "plain-frac"), (["--fresh-out"], "no-plain-demos")):
+        with pytest.raises(SystemExit, match=what):
             E.main(["--out", str(tmp_path / "exp"), *bad])
+    # plain_frac means nothing without plain rows: a resumed run of an older default matches
+    off, on = {"plain_demos": False, "plain_frac": 1.0}, {"plain_demos": True, "plain_frac": 1.0}
+    assert E.split_fields(off) == E.split_fields(off | {"plain_frac": 0.5}) == E.split_fields({})
+    assert E.split_fields(on) != E.split_fields(on | {"plain_frac": 0.5})
 
 
 def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready, tmp_path):
@@ -235,7 +239,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
 
     out = tmp_path / "exp"
     argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
-            "--stale-frac", "0.5", "--plain-demos",
+            "--stale-frac", "0.5", "--plain-frac", "1",
             "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
