@@ -574,8 +574,7 @@ def main(argv: list[str] | None = None) -> Path:
                 C.append_jsonl(out / "metrics.jsonl", row)
                 _write_live(out, pool)
                 log_step(row, bool(rows))
-            periodic = cfg.save_every and step % cfg.save_every == 0
-            if periodic or step == cfg.steps or spent():  # the last step always
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or spent():  # + the last
                 saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
                 C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
                                                              "pool": saved_pool})

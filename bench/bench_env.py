@@ -44,15 +44,17 @@ def cpu_per_call(fn, n: int) -> float:
     return (cpu_seconds() - t0) / n
 
 
-def op_costs(task: C.Task, n: int) -> dict[str, float]:
-    def start_close() -> None:
-        C.start_env(task).close()
+OPS = {"start": "start + remove a container", "command": "one bash command (ls)",
+       "verify": "verify (tests uploaded, test.sh run)", "snapshot": "snapshot + remove it"}
 
+
+def op_costs(task: C.Task, n: int) -> dict[str, float]:
+    """Machine CPU seconds per operation (OPS), each measured on its own."""
     with C.start_env(task) as env:
-        return {"start + remove a container": cpu_per_call(start_close, n),
-                "one bash command (ls)": cpu_per_call(lambda: env.bash("ls /"), 4 * n),
-                "verify (tests uploaded, test.sh run)": cpu_per_call(env.verify, n),
-                "snapshot + remove it": cpu_per_call(lambda: C.remove_image(env.snapshot()), n)}
+        return {"start": cpu_per_call(lambda: C.start_env(task).close(), n),
+                "command": cpu_per_call(lambda: env.bash("ls /"), 4 * n),
+                "verify": cpu_per_call(env.verify, n),
+                "snapshot": cpu_per_call(lambda: C.remove_image(env.snapshot()), n)}
 
 
 def main() -> None:
@@ -86,10 +88,9 @@ def main() -> None:
     print(f"fork {args.n} from the snapshot, concurrent : {t_fork:6.2f} s")
     print(f"snapshot + fork vs fresh concurrent    : {(t_snap + t_fork) / t_fresh_par:6.2f}x the time")
     print(f"\n== machine CPU per operation ({task.name}, {os.cpu_count()} cores; every process) ==")
-    for what, s in costs.items():
-        print(f"{what:<40}: {1000 * s:6.0f} ms")
-    episode = (costs["start + remove a container"] + 3 * costs["one bash command (ls)"]
-               + costs["verify (tests uploaded, test.sh run)"])
+    for op, s in costs.items():
+        print(f"{OPS[op]:<40}: {1000 * s:6.0f} ms")
+    episode = costs["start"] + 3 * costs["command"] + costs["verify"]
     print(f"an episode of 3 commands, verified      : {1000 * episode:6.0f} ms -> at most "
           f"{60 * (os.cpu_count() or 1) / episode:.0f} episodes/min on this machine, before any generation")
     if args.skip_eval:
