@@ -569,12 +569,13 @@ _ARGV_MAX = 100_000  # bytes of command passed as an argument; longer ones go as
 DEFAULT_STORAGE_MB = 10240  # per-command disk cap when task.toml sets no `storage`
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
 
-# The verifier: /tests and /logs/verifier are emptied and recreated (nothing planted survives),
-# test.sh runs with the image's environment, PATH with the distribution's directories first, and
-# only regular files (not directories, not symlinks) count as reward files.
-_VERIFY_PREP = "rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs; " \
-               "mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier"
-_VERIFY = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
+# The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
+# /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
+# /tests; test.sh runs with the image's environment, PATH with the distribution's directories first,
+# and only regular files (not directories, not symlinks) count as reward files.
+_VERIFY = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
+mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "@@prep"; exit 1; }
+timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
 echo "@@rc $?"
 for f in txt json; do p=/logs/verifier/reward.$f
   [ -f $p ] && [ ! -L $p ] && { echo "@@$f"; head -c 4096 $p; echo; }; done
@@ -595,6 +596,8 @@ def is_infra_error(error: str | None) -> bool:
 
 def _parse_reward(out: str, timeout: float) -> Verdict:
     parts = dict(re.findall(r"^@@(\w+)[ \n]?(.*?)(?=^@@|\Z)", out, re.M | re.S))
+    if "prep" in parts:
+        return Verdict(0.0, infra_error("verifier", "cannot put the tests in /tests"), out[-2000:].strip())
     tail = parts.get("out", "").strip()
     rc = int(parts.get("rc", "1").strip() or 1)
     if rc in (124, 137):
@@ -720,11 +723,10 @@ class Env:
                 if snap:
                     remove_image(snap)
         try:
-            if self._exec(["bash", "-c", _VERIFY_PREP], EXEC_GRACE) is None:
-                return Verdict(0.0, infra_error("verifier", "preparing /tests did not finish"), "")
-            self.upload(self.task.tests_dir, "/tests")
+            stage = f"/.reterm-tests-{uuid.uuid4().hex[:16]}"
+            self.upload(self.task.tests_dir, stage)
             path = ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))
-            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}"], timeout + EXEC_GRACE,
+            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}", stage], timeout + EXEC_GRACE,
                            {"PATH": path})
             if r is None:
                 return Verdict(0.0, infra_error("verifier", f"no answer {timeout + EXEC_GRACE:.0f}s"), "")

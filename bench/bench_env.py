@@ -45,7 +45,20 @@ def cpu_per_call(fn, n: int) -> float:
 
 
 OPS = {"start": "start + remove a container", "command": "one bash command (ls)",
-       "verify": "verify (tests uploaded, test.sh run)", "snapshot": "snapshot + remove it"}
+       "verify": "verify (tests uploaded, test.sh run)", "snapshot": "snapshot + remove it",
+       "verify_2x": "  the same in two execs (before)"}
+# how verify() ran before it became one exec: an exec that empties /tests and /logs/verifier, the
+# upload straight to /tests, an exec that runs test.sh (the baseline of the "verify_2x" line)
+_PREP = ("rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs; "
+         "mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier")
+
+
+def verify_two_execs(env: C.Env) -> None:
+    env._exec(["bash", "-c", _PREP], C.EXEC_GRACE)
+    env.upload(env.task.tests_dir, "/tests")
+    run_only = C._VERIFY.split("\n", 2)[2]  # the one-exec script without its two lines of preparation
+    path = ":".join(dict.fromkeys(C._SYS_PATH.split(":") + env.path.split(":")))
+    env._exec(["bash", "-c", run_only, "verify", "60"], 60 + C.EXEC_GRACE, {"PATH": path})
 
 
 def op_costs(task: C.Task, n: int) -> dict[str, float]:
@@ -54,6 +67,7 @@ def op_costs(task: C.Task, n: int) -> dict[str, float]:
         return {"start": cpu_per_call(lambda: C.start_env(task).close(), n),
                 "command": cpu_per_call(lambda: env.bash("ls /"), 4 * n),
                 "verify": cpu_per_call(env.verify, n),
+                "verify_2x": cpu_per_call(lambda: verify_two_execs(env), n),
                 "snapshot": cpu_per_call(lambda: C.remove_image(env.snapshot()), n)}
 
 
