@@ -159,6 +159,7 @@ class Group:
     key: str  # the failure state's id (fork) or the task's name (fresh)
     category: str  # the state's error category ("fresh" for fresh starts)
     episodes: list[C.Episode]
+    task: str = ""  # the task's name
 
     @property
     def rewards(self) -> list[float]:
@@ -321,10 +322,10 @@ def collect(step: int, cfg: Config, pool: Pool, tasks: dict, engine, rcfg: C.Rol
     fresh = [fresh[i % len(fresh)] for i in range(n_fresh)] if fresh else []
     tok, commit = engine.tokenizer, "failed" if cfg.mode == "fork" else "none"
     groups = [Group("fork", s.id, s.category, [C.recovery_attempt(tasks[s.task], s, tok, rcfg)
-                                               for _ in range(cfg.group_size)])
+                                               for _ in range(cfg.group_size)], s.task)
               for s in map(pool.state, picked)]
     groups += [Group("fresh", t, "fresh", [C.first_attempt(tasks[t], tok, rcfg)
-                                           for _ in range(cfg.group_size)]) for t in fresh]
+                                           for _ in range(cfg.group_size)], t) for t in fresh]
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
         for g in groups:
             image = pool.states[g.key]["state"]["snapshot"] if g.kind == "fork" else None
@@ -376,7 +377,10 @@ def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
             "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
             "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
             "groups": len(groups), "groups_dropped": dropped, "pool": len(pool),
-            "pool_skipped_long": pool.skipped_long}
+            "pool_skipped_long": pool.skipped_long,
+            # every group's start and rewards: what a step learned from can be read back afterwards
+            "group_rewards": [{"kind": g.kind, "key": g.key, "task": g.task, "rewards": g.rewards}
+                              for g in groups]}
 
 
 # ── training ──────────────────────────────────────────────────────────────────────────────────────

@@ -254,6 +254,8 @@ def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
     assert [r["step"] for r in rows] == [1] and (out / "ckpt" / ".metadata").exists()
     r = rows[0]
     assert r["groups"] == 2 and r["recovery"] is not None and r["fresh_pass"] is not None
+    assert sorted(g["kind"] for g in r["group_rewards"]) == ["fork", "fresh"]
+    assert all(g["task"] == task.name and len(g["rewards"]) == 4 for g in r["group_rewards"])
     assert {"reward", "recovery_by_category", "groups_dropped", "pool", "rollout_s", "train_s",
             "tokens_per_s", "env_steps"} <= set(r)
     if r["groups_dropped"] < r["groups"]:
