@@ -573,13 +573,15 @@ EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before 
 # /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
 # /tests; test.sh runs with the image's environment, PATH with the distribution's directories first,
 # and only regular files (not directories, not symlinks) count as reward files.
-_VERIFY = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
+_VERIFY_STAGE = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
 mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "@@prep"; exit 1; }
-timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
+"""
+_VERIFY_RUN = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
 echo "@@rc $?"
 for f in txt json; do p=/logs/verifier/reward.$f
   [ -f $p ] && [ ! -L $p ] && { echo "@@$f"; head -c 4096 $p; echo; }; done
 echo "@@out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
+_VERIFY = _VERIFY_STAGE + _VERIFY_RUN
 _KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
              "while :; do sleep 2147483647 & wait $!; done"
 
@@ -725,14 +727,17 @@ class Env:
         try:
             stage = f"/.reterm-tests-{uuid.uuid4().hex[:16]}"
             self.upload(self.task.tests_dir, stage)
-            path = ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))
             r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}", stage], timeout + EXEC_GRACE,
-                           {"PATH": path})
+                           self.verifier_env())
             if r is None:
                 return Verdict(0.0, infra_error("verifier", f"no answer {timeout + EXEC_GRACE:.0f}s"), "")
             return _parse_reward(r[1].decode(errors="replace"), timeout)
         except Exception as e:
             return Verdict(0.0, infra_error("verifier failed", e), "")
+
+    def verifier_env(self) -> dict:
+        """test.sh's environment: the image's PATH, with the distribution's directories first."""
+        return {"PATH": ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))}
 
     def close(self) -> None:
         with suppress(Exception):  # already gone

@@ -56,9 +56,7 @@ _PREP = ("rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || r
 def verify_two_execs(env: C.Env) -> None:
     env._exec(["bash", "-c", _PREP], C.EXEC_GRACE)
     env.upload(env.task.tests_dir, "/tests")
-    run_only = C._VERIFY.split("\n", 2)[2]  # the one-exec script without its two lines of preparation
-    path = ":".join(dict.fromkeys(C._SYS_PATH.split(":") + env.path.split(":")))
-    env._exec(["bash", "-c", run_only, "verify", "60"], 60 + C.EXEC_GRACE, {"PATH": path})
+    env._exec(["bash", "-c", C._VERIFY_RUN, "verify", "60"], 60 + C.EXEC_GRACE, env.verifier_env())
 
 
 def op_costs(task: C.Task, n: int) -> dict[str, float]:
