@@ -10,13 +10,13 @@ One step:
 --mode standard is the paper's baseline: G fresh attempts per task, no forks, same everything else.
 
 Pool rule: p(s) = the success rate of the latest group forked from s; weight(s) = 1 while unseen,
-then max(--floor, 1 - p(s)) (--pool-weight hard: the states it fails most) or max(--floor,
-4 p(s) (1 - p(s))) (learnable: a group is all-equal, no signal, with probability p^G + (1-p)^G,
-least at p = 0.5; on a small pool it trains a few states over and over, see the README); B states
-drawn without replacement (Efraimidis-Spirakis keys); fresh groups and --mode standard draw tasks
-the same way. A state whose last --retire-after groups all succeeded is mastered and leaves, as do
-the lowest-weight, oldest states above --pool-max. The pool owns one image tag per state (stage
-03's snapshots are re-tagged, never removed), untagged as it leaves.
+then max(--floor, 1 - p(s)) (--pool-weight hard: the states it fails most) or max(--floor, 4 p(s)
+(1 - p(s))) (learnable: a group is all-equal, no signal, with probability p^G + (1-p)^G, least at
+p = 0.5; on a small pool it trains a few states over and over, see bench/experiment_learning.md);
+B states drawn without replacement (Efraimidis-Spirakis keys); fresh groups and --mode standard
+draw tasks the same way. A state whose last --retire-after groups all succeeded is mastered and
+leaves, as do the lowest-weight, oldest states above --pool-max. The pool owns one image tag per
+state (stage 03's snapshots are re-tagged, never removed), untagged as it leaves.
 
 Distributed: torchrun + FSDP2. Rank 0 owns the engine and the containers, runs the rollouts and
 broadcasts the training rows; every rank trains on its micro-batches; the gathered full state dict

@@ -269,7 +269,8 @@ def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, s
     then recovered 1% of these states: too few successes in a group of G forks for GRPO to learn
     from. With these rows (seed 0) the SFT policy removed the file in 67% of its recoveries of
     held-out stale-file states and recovered 33% of them, and fork GRPO did not raise that in 16
-    steps (README). `skip`: the tasks whose 01 row is this one already. Returns the rows in `path`."""
+    steps (bench/experiment_learning.md). `skip`: the tasks whose 01 row is this one already.
+    Returns the rows in `path`."""
     import importlib
 
     build = importlib.import_module("01_build_data")
@@ -305,7 +306,8 @@ def demo_tasks(split: dict, frac: float, seed: int) -> set[str]:
     of them, too rarely for a group of G forks to hold a success. The train-side figures of both
     runs put a share in between where the repair is neither certain nor absent. At 0.5 (seed 0) the
     policy removed the file in 70% of its held-out recoveries, the forks of 14 of its 48 held-out
-    states disagreed, and fork GRPO raised Recovery@1 from 0.276 to 0.349 (README, Results)."""
+    states disagreed, and fork GRPO raised Recovery@1 from 0.276 to 0.349; over all runs of this
+    share the gain was uneven (README, Results; bench/experiment_learning.md)."""
     stale = sorted(set(split["stale"]) & set(split["train"]))
     k = round(frac * len(stale))
     return set(random.Random(f"plain:{seed}").sample(stale, k))
