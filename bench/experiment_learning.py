@@ -1,6 +1,7 @@
 """Does ReTerm-GRPO learn? Fork vs standard GRPO on the micro task family, held-out tasks.
 
     python bench/experiment_learning.py --out DIR [--seeds 3]
+    python bench/experiment_learning.py --combine RUN_DIR ... --out DIR   # pool finished runs' seeds
 
 Every stage is the real script, run as a subprocess:
   tasks  bench/microtasks.py writes train/ and held-out/ tasks (split by parameters, fixed seed):
@@ -110,6 +111,7 @@ class Config:
     engine: str = "vllm"  # vllm | hf
     concurrency: int = 8  # containers at once
     bootstrap: int = 2000  # bootstrap resamples for ci95
+    combine: list[str] = dataclasses.field(default_factory=list)  # pool finished runs of one split
 
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
@@ -603,6 +605,53 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
     return res
 
 
+def run_table(per_seed: list[dict], labels: list[str]) -> str:
+    """One markdown row per run: held-out Recovery@1 after SFT and after 32 steps' budget of each mode,
+    the share of stale-file recoveries that removed the file, Pass@1, non-uniform fork groups, minutes."""
+    def share(s: dict, policy: str) -> str:
+        x = s.get("recovery_by_cause", {}).get(policy, {}).get("stale_removed")
+        return "-" if x is None else f"{x:.2f}"
+
+    rows = ["| run | SFT Pass@1 | held-out states (stale share) | Recovery@1 SFT | fork | standard "
+            "| fork gain | standard gain | stale: removed the file, SFT → fork / standard "
+            "| Pass@1 fork / standard | non-uniform fork groups | min |", "|---" * 12 + "|"]
+    for label, s in zip(labels, per_seed, strict=True):
+        before, after = s["heldout_recovery_before"], s["heldout_recovery_after"]
+        passed = s["heldout_pass_at_1_after"]
+        rows.append(
+            f"| {label} | {s['sft_pass_at_1']:.3f} | {s['n_heldout_failures']} "
+            f"({s.get('heldout_failures_stale_frac', 0.0):.2f}) | {before:.3f} | {after['fork']:.3f} | "
+            f"{after['standard']:.3f} | **{after['fork'] - before:+.3f}** | "
+            f"{after['standard'] - before:+.3f} | "
+            f"{share(s, 'before')} → {share(s, 'fork')} / {share(s, 'standard')} | {passed['fork']:.3f} / "
+            f"{passed['standard']:.3f} | {s['nonuniform_group_frac']['fork']:.2f} | "
+            f"{sum(s['wall_s'].values()) / 60:.0f} |")
+    return "\n".join(rows)
+
+
+def combine(cfg: Config) -> dict:
+    """Pool the seeds of finished runs (--combine DIR ...) of one task split: results.json,
+    learning.png and the per-run table in --out, as if one run had made them all. Runs nothing."""
+    out = Path(cfg.out)
+    if (out / "tasks").exists():
+        raise SystemExit(f"--out {out} holds a run: give --combine a folder of its own")
+    per_seed, labels, split = [], [], None
+    for d in map(Path, cfg.combine):
+        r = json.loads((d / "results.json").read_text())
+        s = {"heldout": r["heldout_tasks"], "train": r["train_tasks"], "pool": r["pool_tasks"]}
+        if split is not None and s != split:
+            raise SystemExit(f"{d} evaluated other tasks than {cfg.combine[0]}: runs of one split only")
+        split = s
+        per_seed += r["per_seed"]
+        labels += [f"{d.name} seed {x['seed']}" for x in r["per_seed"]]
+    out.mkdir(parents=True, exist_ok=True)
+    res = summarize(cfg, per_seed, split) | {"runs": labels}
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    plot(res, out / "learning.png")
+    report(res, split, out, labels)
+    return res
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
 
@@ -632,6 +681,8 @@ def plot(res: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
+    if cfg.combine:
+        return combine(cfg)
     out = Path(cfg.out)
     if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
         old, new = split_fields(json.loads((out / "config.json").read_text())), split_fields(vars(cfg))
@@ -683,6 +734,11 @@ def main(argv: list[str] | None = None) -> dict:
     res["wall_s"] = {"total": round(time.monotonic() - t0, 1), "build_data": build_s}
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(res, out / "learning.png")
+    report(res, split, out, [f"seed {s['seed']}" for s in per_seed])
+    return res
+
+
+def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
     ci = res["ci95"]
     print(f"\nheld-out: {len(split['heldout'])} tasks; train: {len(split['train'])} tasks; "
           f"seeds {res['seeds']}")
@@ -696,7 +752,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{m:<12}{res['env_steps'][m]:>10}{res['heldout_recovery_after'][m]:>12.3f}"
               f"{str([round(x, 3) for x in ci[f'heldout_recovery_after_{m}']]):>18}"
               f"{res['heldout_pass_at_1_after'][m]:>9.3f}{res['nonuniform_group_frac'][m]:>13.2f}")
-    print(f"recovery gain fork {ci['recovery_gain_fork']}, standard {ci['recovery_gain_standard']} (ci95)")
+    def r3(xs: list[float]) -> list[float]:
+        return [round(x, 3) for x in xs]
+
+    print(f"Recovery@1 gain (ci95): fork {r3(ci['recovery_gain_fork'])}, standard "
+          f"{r3(ci['recovery_gain_standard'])}, fork - standard {r3(ci['recovery_fork_minus_standard'])}")
     if res["heldout_failures_stale_frac"]:
         cause = res["recovery_by_cause"]
         print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "
@@ -705,8 +765,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("stale-file states, recoveries that removed the file / Recovery@1 of those: " + ", ".join(
             f"{p} {cause[p]['stale_removed']:.2f} / {cause[p]['stale_removed_recovered']:.2f}"
             for p in cause))
+    print(run_table(res["per_seed"], labels))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
-    return res
 
 
 if __name__ == "__main__":

@@ -299,6 +299,19 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     # another split would reuse this split's task folders and 01 rows
     with pytest.raises(SystemExit, match="pool_frac"):
         E.main([*argv, "--pool-frac", "0.1"])
+    # --combine pools finished runs of one split (here the run and a copy of it) without running anything
+    other = tmp_path / "copy"
+    other.mkdir()
+    (other / "results.json").write_text((out / "results.json").read_text())
+    both = E.main(["--combine", str(out), str(other), "--out", str(tmp_path / "both"), "--bootstrap", "50"])
+    assert both["runs"] == ["exp seed 0", "copy seed 0"] and both["per_seed"] == 2 * res["per_seed"]
+    assert both["heldout_recovery_before"] == pytest.approx(res["heldout_recovery_before"])
+    assert (tmp_path / "both" / "learning.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="holds a run"):
+        E.main(["--combine", str(other), "--out", str(out)])
+    (other / "results.json").write_text(json.dumps(res | {"heldout_tasks": res["heldout_tasks"][:1]}))
+    with pytest.raises(SystemExit, match="other tasks"):
+        E.main(["--combine", str(out), str(other), "--out", str(tmp_path / "mixed")])
 
 
 if __name__ == "__main__":
