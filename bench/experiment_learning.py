@@ -606,15 +606,16 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
 
 
 def run_table(per_seed: list[dict], labels: list[str]) -> str:
-    """One markdown row per run: held-out Recovery@1 after SFT and after 32 steps' budget of each mode,
-    the share of stale-file recoveries that removed the file, Pass@1, non-uniform fork groups, minutes."""
+    """One markdown row per run: held-out Recovery@1 after SFT and after each mode's last chunk, the
+    share of stale-file recoveries that removed the file, Pass@1, the share of the fork run's groups
+    (forks and fresh starts) that were non-uniform, and the seed's minutes."""
     def share(s: dict, policy: str) -> str:
         x = s.get("recovery_by_cause", {}).get(policy, {}).get("stale_removed")
         return "-" if x is None else f"{x:.2f}"
 
     rows = ["| run | SFT Pass@1 | held-out states (stale share) | Recovery@1 SFT | fork | standard "
             "| fork gain | standard gain | stale: removed the file, SFT → fork / standard "
-            "| Pass@1 fork / standard | non-uniform fork groups | min |", "|---" * 12 + "|"]
+            "| Pass@1 fork / standard | non-uniform groups (fork run) | min |", "|---" * 12 + "|"]
     for label, s in zip(labels, per_seed, strict=True):
         before, after = s["heldout_recovery_before"], s["heldout_recovery_after"]
         passed = s["heldout_pass_at_1_after"]
