@@ -741,6 +741,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
     ci = res["ci95"]
+
+    def r3(xs: list[float]) -> list[float]:
+        return [round(x, 3) for x in xs]
+
     print(f"\nheld-out: {len(split['heldout'])} tasks; train: {len(split['train'])} tasks; "
           f"seeds {res['seeds']}")
     print(f"Pass@1 (T=1, held-out)  base {res['base_pass_at_1']:.3f}   SFT {res['sft_pass_at_1']:.3f}")
@@ -748,14 +752,11 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
           f"{res['heldout_failures_unsolved_frac']:.2f}")
     print(f"{'policy':<12}{'env steps':>10}{'Recovery@1':>12}{'ci95':>18}{'Pass@1':>9}{'non-uniform':>13}")
     print(f"{'SFT':<12}{0:>10}{res['heldout_recovery_before']:>12.3f}"
-          f"{str([round(x, 3) for x in ci['heldout_recovery_before']]):>18}{res['sft_pass_at_1']:>9.3f}")
+          f"{str(r3(ci['heldout_recovery_before'])):>18}{res['sft_pass_at_1']:>9.3f}")
     for m in ("fork", "standard"):
         print(f"{m:<12}{res['env_steps'][m]:>10}{res['heldout_recovery_after'][m]:>12.3f}"
-              f"{str([round(x, 3) for x in ci[f'heldout_recovery_after_{m}']]):>18}"
+              f"{str(r3(ci[f'heldout_recovery_after_{m}'])):>18}"
               f"{res['heldout_pass_at_1_after'][m]:>9.3f}{res['nonuniform_group_frac'][m]:>13.2f}")
-    def r3(xs: list[float]) -> list[float]:
-        return [round(x, 3) for x in xs]
-
     print(f"Recovery@1 gain (ci95): fork {r3(ci['recovery_gain_fork'])}, standard "
           f"{r3(ci['recovery_gain_standard'])}, fork - standard {r3(ci['recovery_fork_minus_standard'])}")
     if res["heldout_failures_stale_frac"]:
