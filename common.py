@@ -1340,8 +1340,15 @@ def check_row(row: object, all_assistant: bool = False) -> None:
         content = m.get("content")
         if not isinstance(content or "", str) or (content is None and m["role"] != "assistant"):
             raise ValueError(f"messages[{j}] ({m['role']}) needs string content")
-        if not isinstance(m.get("tool_calls") or [], list):
-            raise ValueError(f"messages[{j}].tool_calls must be a list")
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list) or (calls and m["role"] != "assistant"):
+            raise ValueError(f"messages[{j}].tool_calls must be a list on an assistant message")
+        for c in calls:  # the rollout's own rules for a call
+            f = c.get("function") if isinstance(c, dict) else None
+            try:
+                tool_call(*((f.get("name"), f.get("arguments")) if isinstance(f, dict) else (None, None)))
+            except ValueError as e:
+                raise ValueError(f"messages[{j}]: {e}") from None
     idx = row.get("train_from_message_index")
     if idx is None and all_assistant:
         return

@@ -313,7 +313,7 @@ def test_import_rejects_broken_rows_naming_them(tmp_path, capsys):
     assert f"{src}:2 (id={rows[1]['id']}): field 'task_id' missing" in printed
     assert f"{src}:3 (id={rows[2]['id']}): train_from_message_index 99 is past the end" in printed
     assert f"{src}:4 (id={rows[3]['id']}): message 2: tool call arguments are not valid JSON" in printed
-    assert f"{src}:5 (id={rows[4]['id']}): message 6: expected a `bash` tool call" in printed
+    assert f"{src}:5 (id={rows[4]['id']}): message 6: unknown tool 'python'" in printed
 
 
 @pytest.mark.parametrize("text, message", [

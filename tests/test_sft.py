@@ -248,6 +248,8 @@ def test_torchrun_two_processes_equal_one(models, data, tmp_path):
     (lambda r: r.update(messages=r["messages"][:-1] + [{"role": "user", "content": "hi"}],
                         train_from_message_index=len(r["messages"]) - 1),
      "bad.jsonl:2 (id='row-1'): no assistant"),
+    (lambda r: r["messages"][2]["tool_calls"][0]["function"]["arguments"].pop("command"),
+     "bad.jsonl:2 (id='row-1'): messages[2]: the bash tool needs a non-empty string 'command'"),
 ])
 def test_bad_rows_are_named(models, tmp_path, mutate, message):
     rows = [make_row(0), make_row(1)]
