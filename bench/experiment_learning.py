@@ -111,7 +111,7 @@ class Config:
     engine: str = "vllm"  # vllm | hf
     concurrency: int = 8  # containers at once
     bootstrap: int = 2000  # bootstrap resamples for ci95
-    combine: list[str] = dataclasses.field(default_factory=list)  # pool finished runs of one split
+    combine: list[str] = dataclasses.field(default_factory=list)  # pool finished runs of one split and recipe
 
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
@@ -123,6 +123,17 @@ LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
 CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
+
+
+# the Config fields that say how a run ran, not what it measured: runs that differ only in them pool
+RUN_FIELDS = ("out", "seeds", "engine", "concurrency", "bootstrap", "combine")
+
+
+def recipe(config: dict) -> dict:
+    """What a config measured: every field but RUN_FIELDS (LEGACY, then the default, for older ones)."""
+    known = dataclasses.asdict(Config()) | LEGACY
+    fields = {k: config.get(k, v) for k, v in known.items() if k not in RUN_FIELDS}
+    return fields | split_fields(config)
 
 
 def split_fields(config: dict) -> dict:
@@ -631,22 +642,29 @@ def run_table(per_seed: list[dict], labels: list[str]) -> str:
 
 
 def combine(cfg: Config) -> dict:
-    """Pool the seeds of finished runs (--combine DIR ...) of one task split: results.json,
-    learning.png and the per-run table in --out, as if one run had made them all. Runs nothing."""
+    """Pool the seeds of finished runs (--combine DIR ...) of one task split and one recipe (their
+    configs may differ in RUN_FIELDS only): results.json, learning.png and the per-run table in --out,
+    as if one run had made them all. Runs nothing."""
     out = Path(cfg.out)
     if (out / "tasks").exists():
         raise SystemExit(f"--out {out} holds a run: give --combine a folder of its own")
-    per_seed, labels, split = [], [], None
+    per_seed, labels, split, first, configs = [], [], None, None, {}
     for d in map(Path, cfg.combine):
         r = json.loads((d / "results.json").read_text())
         s = {"heldout": r["heldout_tasks"], "train": r["train_tasks"], "pool": r["pool_tasks"]}
+        rec = recipe(r["config"])
         if split is not None and s != split:
             raise SystemExit(f"{d} evaluated other tasks than {cfg.combine[0]}: runs of one split only")
-        split = s
+        if first is not None and (diff := [k for k in rec if rec[k] != first[k]]):
+            raise SystemExit(f"{d} ran another recipe than {cfg.combine[0]} ({', '.join(diff)} differ): "
+                             "runs of one recipe only")
+        split, first = s, first or rec
+        configs[str(d)] = r["config"]
         per_seed += r["per_seed"]
         labels += [f"{d.name} seed {x['seed']}" for x in r["per_seed"]]
     out.mkdir(parents=True, exist_ok=True)
-    res = summarize(cfg, per_seed, split) | {"runs": labels}
+    res = summarize(cfg, per_seed, split) | {"runs": labels, "run_configs": configs}
+    res["config"] = first | {"combine": cfg.combine}  # the pooled runs' recipe, not this command's defaults
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(res, out / "learning.png")
     report(res, split, out, labels)

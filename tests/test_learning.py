@@ -307,6 +307,14 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert both["runs"] == ["exp seed 0", "copy seed 0"] and both["per_seed"] == 2 * res["per_seed"]
     assert both["heldout_recovery_before"] == pytest.approx(res["heldout_recovery_before"])
     assert (tmp_path / "both" / "learning.png").stat().st_size > 0
+    # its config is the runs' recipe (theirs, not --combine's defaults), and each run's config is kept
+    assert both["config"]["n_train"] == 8 and both["config"]["grpo_steps"] == 1
+    assert list(both["run_configs"]) == [str(out), str(other)]
+    (other / "results.json").write_text(json.dumps(res | {"config": res["config"] | {"grpo_lr": 1.0}}))
+    with pytest.raises(SystemExit, match="another recipe.*grpo_lr"):
+        E.main(["--combine", str(out), str(other), "--out", str(tmp_path / "lr")])
+    (other / "results.json").write_text(json.dumps(res | {"config": res["config"] | {"concurrency": 1}}))
+    assert E.main(["--combine", str(out), str(other), "--out", str(tmp_path / "conc"), "--bootstrap", "50"])
     with pytest.raises(SystemExit, match="holds a run"):
         E.main(["--combine", str(other), "--out", str(out)])
     (other / "results.json").write_text(json.dumps(res | {"heldout_tasks": res["heldout_tasks"][:1]}))
