@@ -497,7 +497,7 @@ def convert_message(m: object, j: int) -> dict:
             out["tool_calls"] = [C.tool_call(f.get("name"), f.get("arguments")) for f in fns]
         except ValueError as e:
             raise ValueError(f"message {j}: {e}") from None
-    elif calls:
+    elif calls:  # not a list: kept as given, for check_row to name
         out["tool_calls"] = calls
     return out
 

@@ -1345,8 +1345,9 @@ def check_row(row: object, all_assistant: bool = False) -> None:
             raise ValueError(f"messages[{j}].tool_calls must be a list on an assistant message")
         for c in calls:  # the rollout's own rules for a call
             f = c.get("function") if isinstance(c, dict) else None
+            f = f if isinstance(f, dict) else {}
             try:
-                tool_call(*((f.get("name"), f.get("arguments")) if isinstance(f, dict) else (None, None)))
+                tool_call(f.get("name"), f.get("arguments"))
             except ValueError as e:
                 raise ValueError(f"messages[{j}]: {e}") from None
     idx = row.get("train_from_message_index")
