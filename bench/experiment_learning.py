@@ -42,7 +42,8 @@ Every stage is the real script, run as a subprocess:
   eval   after each chunk, both policies: Recovery@1 = --recovery-samples forks of every held-out
          failure state of the SFT policy (the same states for every policy), and 05 Pass@1 on
          held-out (temperature 1, --eval-trials per task).
-Nothing is tuned on held-out: its tasks appear in no SFT row, no failure pool and no GRPO group.
+Held-out tasks appear in no SFT row, no failure pool and no GRPO group. The recipe (these defaults),
+however, was chosen after judging about eight variants on the same held-out tasks: there is no dev split yet.
 Writes DIR/results.json, DIR/learning.png and every stage's own outputs under DIR/seed<s>/, with
 DIR/seed<s>/progress.jsonl: each evaluation point as it is made.
 """
