@@ -55,6 +55,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -579,6 +580,20 @@ def bootstrap(per_seed: list[dict], stat, n: int, rng: random.Random) -> list[fl
     return [vals[int(0.025 * (n - 1))], vals[int(0.975 * (n - 1))]]
 
 
+# Student-t 0.975 quantiles by degrees of freedom (1-10); 1.96 (normal) beyond, a slight understatement.
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
+
+
+def t_interval(xs: list[float]) -> list[float]:
+    """95% Student-t interval of the mean of per-seed values: the seed is the unit of replication
+    (nan with fewer than 2 seeds)."""
+    if len(xs) < 2:
+        return [float("nan"), float("nan")]
+    m, n = mean(xs), len(xs)
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * statistics.stdev(xs) / n ** 0.5
+    return [m - half, m + half]
+
+
 def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
     modes = ("fork", "standard")
     def avg(key: str) -> dict:
@@ -613,6 +628,18 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
                                            cfg.bootstrap, rng) for m in modes},
         "recovery_fork_minus_standard": bootstrap(
             per_seed, lambda d: mean([x["fork"] - x["standard"] for x in d]), cfg.bootstrap, rng)}
+
+    def seed_ci(f) -> list[float]:  # f(one seed's results) -> a number
+        return t_interval([f(s) for s in per_seed])
+
+    after, passed = "heldout_recovery_after", "heldout_pass_at_1_after"
+    res["ci95_seeds"] = {
+        "heldout_recovery_before": seed_ci(lambda s: s["heldout_recovery_before"]),
+        **{f"heldout_recovery_after_{m}": seed_ci(lambda s, m=m: s[after][m]) for m in modes},
+        **{f"recovery_gain_{m}": seed_ci(lambda s, m=m: s[after][m] - s["heldout_recovery_before"])
+           for m in modes},
+        "recovery_fork_minus_standard": seed_ci(lambda s: s[after]["fork"] - s[after]["standard"]),
+        "pass_at_1_fork_minus_standard": seed_ci(lambda s: s[passed]["fork"] - s[passed]["standard"])}
     res["per_seed"] = per_seed
     res["config"] = dataclasses.asdict(cfg)
     return res
@@ -778,7 +805,14 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
               f"{str(r3(ci[f'heldout_recovery_after_{m}'])):>18}"
               f"{res['heldout_pass_at_1_after'][m]:>9.3f}{res['nonuniform_group_frac'][m]:>13.2f}")
     print(f"Recovery@1 gain (ci95): fork {r3(ci['recovery_gain_fork'])}, standard "
-          f"{r3(ci['recovery_gain_standard'])}, fork - standard {r3(ci['recovery_fork_minus_standard'])}")
+          f"{r3(ci['recovery_gain_standard'])}, fork - standard {r3(ci['recovery_fork_minus_standard'])}"
+          " (bootstrap over seeds and forks)")
+    if len(res["seeds"]) > 1:
+        ts = res["ci95_seeds"]
+        print("seed-level t-ci95: gain fork " + ", standard ".join(
+            str(r3(ts[f"recovery_gain_{m}"])) for m in ("fork", "standard"))
+            + f", fork - standard {r3(ts['recovery_fork_minus_standard'])}, Pass@1 fork - standard "
+            f"{r3(ts['pass_at_1_fork_minus_standard'])}")
     if res["heldout_failures_stale_frac"]:
         cause = res["recovery_by_cause"]
         print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "

@@ -251,7 +251,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert res == json.loads((out / "results.json").read_text())
     assert (out / "learning.png").stat().st_size > 0
     for key in ("seeds", "heldout_tasks", "train_tasks", "sft_pass_at_1", "base_pass_at_1",
-                "heldout_recovery_before", "per_seed", "ci95"):
+                "heldout_recovery_before", "per_seed", "ci95", "ci95_seeds"):
         assert key in res, key
     for key in ("heldout_recovery_after", "heldout_pass_at_1_after", "env_steps", "nonuniform_group_frac"):
         assert set(res[key]) == {"fork", "standard"}, key
@@ -324,3 +324,13 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q", "-s"])
+
+
+def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
+    """The interval the README quotes: four runs' fork gains, 3 degrees of freedom (t = 3.182)."""
+    import experiment_learning as E
+
+    lo, hi = E.t_interval([0.266, 0.159, 0.085, 0.012])
+    assert (round(lo, 3), round(hi, 3)) == (-0.043, 0.303)
+    assert E.t_interval([0.5, 0.5]) == [0.5, 0.5]
+    assert all(x != x for x in E.t_interval([0.3]))  # one seed: no interval (nan)
