@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -331,6 +332,7 @@ def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
     import experiment_learning as E
 
     lo, hi = E.t_interval([0.266, 0.159, 0.085, 0.012])
-    assert (round(lo, 3), round(hi, 3)) == (-0.043, 0.303)
+    assert lo == pytest.approx(-0.043, abs=2e-3) and hi == pytest.approx(0.303, abs=2e-3)  # inputs rounded
+    assert hi - lo == pytest.approx(2 * 3.182 * statistics.stdev([0.266, 0.159, 0.085, 0.012]) / 2, rel=1e-3)
     assert E.t_interval([0.5, 0.5]) == [0.5, 0.5]
     assert all(x != x for x in E.t_interval([0.3]))  # one seed: no interval (nan)
