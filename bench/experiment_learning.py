@@ -513,6 +513,8 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     try:
         before, removed = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
         res["recovery_before"] = before
+        # the held-out task of every sample (every policy forks the same states in the same order)
+        res["recovery_sample_tasks"] = [st["task"] for st in states for _ in range(cfg.recovery_samples)]
         res["heldout_recovery_before"] = sum(before) / max(1, len(before))
         res["recovery_by_cause"] = {"before": by_cause(before, removed)}
         lap("recovery_before")
@@ -580,6 +582,39 @@ def bootstrap(per_seed: list[dict], stat, n: int, rng: random.Random) -> list[fl
     return [vals[int(0.025 * (n - 1))], vals[int(0.975 * (n - 1))]]
 
 
+def task_bootstrap(per_seed: list[dict], n: int, rng: random.Random) -> dict[str, list[float]] | None:
+    """Paired 95% intervals over held-out TASKS: each draw resamples the task list once, and every
+    seed and policy is averaged over the samples of the drawn tasks (a task's states and forks stay
+    together, and before / fork / standard share the draw). Seeds are not resampled: the seed-level
+    t-interval covers them. None when a run kept no task per sample (runs before that field)."""
+    if not per_seed or any("recovery_sample_tasks" not in s for s in per_seed):
+        return None
+    tasks = sorted({t for s in per_seed for t in s["recovery_sample_tasks"]})
+    policies = {"before": lambda s: s["recovery_before"],
+                "fork": lambda s: s["recovery_after_samples"]["fork"],
+                "standard": lambda s: s["recovery_after_samples"]["standard"]}
+    # per seed, policy and task: (sum of rewards, number of samples)
+    sums = [{p: {t: [0.0, 0] for t in tasks} for p in policies} for _ in per_seed]
+    for seed_sums, s in zip(sums, per_seed, strict=True):
+        for p, get in policies.items():
+            for t, r in zip(s["recovery_sample_tasks"], get(s), strict=True):
+                seed_sums[p][t][0] += r
+                seed_sums[p][t][1] += 1
+    stats = {"recovery_gain_fork": lambda m: m["fork"] - m["before"],
+             "recovery_gain_standard": lambda m: m["standard"] - m["before"],
+             "recovery_fork_minus_standard": lambda m: m["fork"] - m["standard"]}
+    vals: dict[str, list[float]] = {k: [] for k in stats}
+    for _ in range(n):
+        draw = [rng.choice(tasks) for _ in tasks]
+        per = []
+        for seed_sums in sums:
+            tot = {p: [sum(seed_sums[p][t][i] for t in draw) for i in (0, 1)] for p in policies}
+            per.append({p: r / k if k else float("nan") for p, (r, k) in tot.items()})
+        for k, f in stats.items():
+            vals[k].append(mean([f(m) for m in per]))
+    return {k: [sorted(v)[int(0.025 * (n - 1))], sorted(v)[int(0.975 * (n - 1))]] for k, v in vals.items()}
+
+
 # Student-t 0.975 quantiles by degrees of freedom (1-10); 1.96 (normal) beyond, a slight understatement.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
 
@@ -640,6 +675,7 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
            for m in modes},
         "recovery_fork_minus_standard": seed_ci(lambda s: s[after]["fork"] - s[after]["standard"]),
         "pass_at_1_fork_minus_standard": seed_ci(lambda s: s[passed]["fork"] - s[passed]["standard"])}
+    res["ci95_tasks"] = task_bootstrap(per_seed, cfg.bootstrap, rng)
     res["per_seed"] = per_seed
     res["config"] = dataclasses.asdict(cfg)
     return res
@@ -813,6 +849,10 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
             str(r3(ts[f"recovery_gain_{m}"])) for m in ("fork", "standard"))
             + f", fork - standard {r3(ts['recovery_fork_minus_standard'])}, Pass@1 fork - standard "
             f"{r3(ts['pass_at_1_fork_minus_standard'])}")
+    if res.get("ci95_tasks"):
+        tb = res["ci95_tasks"]
+        print(f"task-level paired bootstrap ci95: gain fork {r3(tb['recovery_gain_fork'])}, standard "
+              f"{r3(tb['recovery_gain_standard'])}, fork - standard {r3(tb['recovery_fork_minus_standard'])}")
     if res["heldout_failures_stale_frac"]:
         cause = res["recovery_by_cause"]
         print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "

@@ -252,10 +252,13 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert res == json.loads((out / "results.json").read_text())
     assert (out / "learning.png").stat().st_size > 0
     for key in ("seeds", "heldout_tasks", "train_tasks", "sft_pass_at_1", "base_pass_at_1",
-                "heldout_recovery_before", "per_seed", "ci95", "ci95_seeds"):
+                "heldout_recovery_before", "per_seed", "ci95", "ci95_seeds", "ci95_tasks"):
         assert key in res, key
     for key in ("heldout_recovery_after", "heldout_pass_at_1_after", "env_steps", "nonuniform_group_frac"):
         assert set(res[key]) == {"fork", "standard"}, key
+    s0 = res["per_seed"][0]
+    assert len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"])
+    assert set(s0["recovery_sample_tasks"]) <= set(res["heldout_tasks"])
     assert res["seeds"] == [0] and len(res["heldout_tasks"]) == 3 and len(res["train_tasks"]) == 8
     parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks")]
     assert all(parts) and not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
@@ -336,3 +339,24 @@ def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
     assert hi - lo == pytest.approx(2 * 3.182 * statistics.stdev([0.266, 0.159, 0.085, 0.012]) / 2, rel=1e-3)
     assert E.t_interval([0.5, 0.5]) == [0.5, 0.5]
     assert all(x != x for x in E.t_interval([0.3]))  # one seed: no interval (nan)
+
+
+def test_task_bootstrap_is_paired_and_keeps_each_tasks_samples_together():
+    """Resampling held-out tasks, not forks: a policy equal to the SFT policy on every sample has a
+    zero-width gain interval (the draw is shared), a gain present on every task has a positive one,
+    and runs that kept no task per sample get no task-level interval."""
+    import random
+
+    import experiment_learning as E
+
+    tasks = ["a", "a", "b", "b", "c", "c"]
+
+    def seed(before, fork, standard):
+        return {"recovery_sample_tasks": tasks, "recovery_before": before,
+                "recovery_after_samples": {"fork": fork, "standard": standard}}
+
+    same = [0, 1, 0, 0, 1, 1]
+    ci = E.task_bootstrap([seed(same, [1, 1, 1, 1, 1, 1], same)], 200, random.Random(0))
+    assert ci["recovery_gain_standard"] == [0.0, 0.0]
+    assert 0 < ci["recovery_gain_fork"][0] <= ci["recovery_gain_fork"][1] <= 1
+    assert E.task_bootstrap([{"recovery_before": [1.0]}], 50, random.Random(0)) is None
