@@ -268,6 +268,10 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert {r["task"] for r in C.read_jsonl(seed / "failures_train/attempts.jsonl")} <= parts[1]
     assert {r["task"] for r in C.read_jsonl(seed / "failures_heldout/attempts.jsonl")} <= parts[2]
     assert {r["task_id"] for r in C.read_jsonl(out / "data/sft.jsonl")} <= parts[0]
+    # no held-out task in any GRPO group of either mode (fork groups name their state's task)
+    grouped = {g["task"] for m in ("fork", "standard") for r in C.read_jsonl(seed / m / "metrics.jsonl")
+               for g in r["group_rewards"]}
+    assert grouped and grouped <= parts[0] | parts[1]
     # stale-file tasks have recovery rows but no first-attempt (solution) row: nothing tells a first
     # attempt that the file is there
     stale = set(json.loads((out / "tasks/split.json").read_text())["stale"])
