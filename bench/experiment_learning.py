@@ -43,7 +43,10 @@ Every stage is the real script, run as a subprocess:
          failure state of the SFT policy (the same states for every policy), and 05 Pass@1 on
          held-out (temperature 1, --eval-trials per task).
 Held-out tasks appear in no SFT row, no failure pool and no GRPO group. The recipe (these defaults),
-however, was chosen after judging about eight variants on the same held-out tasks: there is no dev split yet.
+however, was chosen after judging about eight variants on the same held-out tasks. From now on recipe
+choices use the dev split: --dev-frac carves held-out-like pairs from train (never trained on) and
+--eval-on dev runs every evaluation above on them instead (the results' heldout_* figures are then dev
+figures, and "evaluated_on" says so); held-out is for a recipe frozen before it is looked at.
 Writes DIR/results.json, DIR/learning.png and every stage's own outputs under DIR/seed<s>/, with
 DIR/seed<s>/progress.jsonl: each evaluation point as it is made.
 """
@@ -84,6 +87,11 @@ class Config:
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
     scopes: str = "step,from_fault,from_start"  # 01: the repairs its oracle tries ("from_start": redo all)
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
+    dev_frac: float = 0.0  # share of the other pairs carved out as a dev split, never trained on
+    n_dev: int = 40  # dev tasks generated at most
+    # the split every evaluation (base, 03 failure states, Recovery@1, Pass@1) runs on: recipe choices
+    # are made on dev (with --dev-frac > 0); held-out only evaluates a recipe frozen before
+    eval_on: str = "heldout"
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
@@ -119,10 +127,10 @@ class Config:
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
-                "plain_frac", "fresh_out", "scopes")
+                "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
-          "scopes": Config.scopes}
+          "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout"}
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
 CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
@@ -416,7 +424,8 @@ def remove_snapshots(*failure_files: Path) -> None:
 def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     out = Path(cfg.out) / f"seed{seed}"
     log = out / "log.txt"
-    train_dir, held_dir = tasks / "train", tasks / "heldout"
+    # "held" is the evaluation split (--eval-on): held-out, or dev while a recipe is being chosen
+    train_dir, held_dir = tasks / "train", tasks / cfg.eval_on
     grpo_dir = grpo_tasks_dir(cfg, tasks)
     solutions = data.parent / "solutions.jsonl"
     res: dict = {"seed": seed, "wall_s": {}}
@@ -619,11 +628,11 @@ def task_bootstrap(per_seed: list[dict], n: int, rng: random.Random) -> dict[str
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
 
 
-def t_interval(xs: list[float]) -> list[float]:
+def t_interval(xs: list[float]) -> list[float] | None:
     """95% Student-t interval of the mean of per-seed values: the seed is the unit of replication
-    (nan with fewer than 2 seeds)."""
+    (None with fewer than 2 seeds)."""
     if len(xs) < 2:
-        return [float("nan"), float("nan")]
+        return None
     m, n = mean(xs), len(xs)
     half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * statistics.stdev(xs) / n ** 0.5
     return [m - half, m + half]
@@ -637,6 +646,7 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
     res = {
         "seeds": [s["seed"] for s in per_seed],
         "heldout_tasks": split["heldout"], "train_tasks": split["train"], "pool_tasks": split["pool"],
+        "dev_tasks": split.get("dev", []), "evaluated_on": cfg.eval_on,  # the heldout_* figures' split
         "sft_pass_at_1": mean([s["sft_pass_at_1"] for s in per_seed]),
         "sft_train_pass_at_1": mean([s["sft_train_pass_at_1"] for s in per_seed]),
         "base_pass_at_1": mean([s["base_pass_at_1"] for s in per_seed]),
@@ -664,7 +674,7 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         "recovery_fork_minus_standard": bootstrap(
             per_seed, lambda d: mean([x["fork"] - x["standard"] for x in d]), cfg.bootstrap, rng)}
 
-    def seed_ci(f) -> list[float]:  # f(one seed's results) -> a number
+    def seed_ci(f) -> list[float] | None:  # f(one seed's results) -> a number
         return t_interval([f(s) for s in per_seed])
 
     after, passed = "heldout_recovery_after", "heldout_pass_at_1_after"
@@ -716,7 +726,8 @@ def combine(cfg: Config) -> dict:
     per_seed, labels, split, first, configs = [], [], None, None, {}
     for d in map(Path, cfg.combine):
         r = json.loads((d / "results.json").read_text())
-        s = {"heldout": r["heldout_tasks"], "train": r["train_tasks"], "pool": r["pool_tasks"]}
+        s = {"heldout": r["heldout_tasks"], "train": r["train_tasks"], "pool": r["pool_tasks"],
+             "dev": r.get("dev_tasks", [])}
         rec = recipe(r["config"])
         if split is not None and s != split:
             raise SystemExit(f"{d} evaluated other tasks than {cfg.combine[0]}: runs of one split only")
@@ -774,6 +785,9 @@ def main(argv: list[str] | None = None) -> dict:
         if changed:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
+    C.check_choice("--eval-on", cfg.eval_on, ("heldout", "dev"))
+    if cfg.eval_on == "dev" and cfg.dev_frac <= 0:
+        raise SystemExit("--eval-on dev needs a dev split: pass --dev-frac > 0")
     if not 0.0 <= cfg.plain_frac <= 1.0:
         raise SystemExit("--plain-frac is a share in [0, 1]")
     if cfg.plain_demos and cfg.fresh_out:
@@ -783,7 +797,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.monotonic()
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
-                                cfg.pool_frac, cfg.stale_frac, cfg.fresh_out)
+                                cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev)
     recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
@@ -828,7 +842,8 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
     def r3(xs: list[float]) -> list[float]:
         return [round(x, 3) for x in xs]
 
-    print(f"\nheld-out: {len(split['heldout'])} tasks; train: {len(split['train'])} tasks; "
+    part = res.get("evaluated_on", "heldout")  # every "held-out" figure below is on this split
+    print(f"\nevaluated on {part}: {len(split[part])} tasks; train: {len(split['train'])} tasks; "
           f"seeds {res['seeds']}")
     print(f"Pass@1 (T=1, held-out)  base {res['base_pass_at_1']:.3f}   SFT {res['sft_pass_at_1']:.3f}")
     print(f"held-out failure states on tasks the SFT policy failed in every attempt: "

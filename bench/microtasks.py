@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import random
 import sys
@@ -140,16 +141,20 @@ def task_spec(template: str, src: str, dst: str, mode: str, fresh_out: bool = Fa
     raise ValueError(template)
 
 
-def split_pairs(seed: int, frac: float, pool_frac: float = 0.0) -> dict[str, set[tuple[str, str]]]:
+def split_pairs(seed: int, frac: float, pool_frac: float = 0.0, dev_frac: float = 0.0
+                ) -> dict[str, set[tuple[str, str]]]:
     """The (first argument, destination) pairs of each part, from one seeded order of all pairs:
-    held-out takes the first `frac` of them, pool the next `pool_frac` of the rest (so the held-out
-    pairs do not depend on pool_frac), train the others."""
+    held-out takes the first `frac` of them, dev the next `dev_frac` of the rest, pool the next
+    `pool_frac` of what is left, train the others. So the held-out pairs depend on neither dev_frac
+    nor pool_frac, and dev_frac = 0 leaves every part as it was before dev existed."""
     pairs = [(a, b) for a in NAMES + WORDS for b in DESTS]
     random.Random(f"split:{seed}").shuffle(pairs)
     n_held = round(frac * len(pairs))
-    n_pool = round(pool_frac * (len(pairs) - n_held))
-    return {"heldout": set(pairs[:n_held]), "pool": set(pairs[n_held:n_held + n_pool]),
-            "train": set(pairs[n_held + n_pool:])}
+    n_dev = round(dev_frac * (len(pairs) - n_held))
+    n_pool = round(pool_frac * (len(pairs) - n_held - n_dev))
+    a, b, c = itertools.accumulate([n_held, n_dev, n_pool])
+    return {"heldout": set(pairs[:a]), "dev": set(pairs[a:b]), "pool": set(pairs[b:c]),
+            "train": set(pairs[c:])}
 
 
 def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool = False,
@@ -182,10 +187,15 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
 
 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
-             seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0, fresh_out: bool = False) -> dict:
-    """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), and with
-    pool_frac > 0 every task on a share of the non-held-out pairs under pool/; returns the split
-    {train: [...], pool: [...], heldout: [...], stale: [...]}.
+             seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0, fresh_out: bool = False,
+             dev_frac: float = 0.0, n_dev: int = 40) -> dict:
+    """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), with
+    pool_frac > 0 every task on a share of the non-held-out pairs under pool/, and with dev_frac > 0
+    up to n_dev tasks on a share of them under dev/; returns the split
+    {train: [...], dev: [...], pool: [...], heldout: [...], stale: [...]}.
+
+    The dev part is held-out-like (pairs never trained on) and is where recipe choices are judged,
+    so the held-out part can stay unseen until a frozen recipe is evaluated on it.
 
     A task gets the stale-file environment with probability stale_frac, drawn per task from the seed
     and its name alone (so the same share in every part, and unchanged by n or the other shares).
@@ -199,13 +209,13 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     Every mode makes a distinct `mode` task: the family has 576 tasks, 418 of them on train pairs
     at the default split (seed 0, 0.25)."""
     out = Path(out)
-    parts = split_pairs(seed, heldout_frac, pool_frac)
+    parts = split_pairs(seed, heldout_frac, pool_frac, dev_frac)
     # write has no source file (its first argument is the word); only the mode template uses a mode
     combos = [(t, s, d, m) for t in TEMPLATES for s in (WORDS if t == "write" else NAMES) for d in DESTS
               for m in (MODES if t == "mode" else [""])]
     random.Random(f"tasks:{seed}").shuffle(combos)
-    cap = {"train": n_train, "heldout": n_heldout, "pool": len(combos)}
-    split: dict[str, list[str]] = {"train": [], "pool": [], "heldout": [], "stale": []}
+    cap = {"train": n_train, "heldout": n_heldout, "pool": len(combos), "dev": n_dev}
+    split: dict[str, list[str]] = {"train": [], "dev": [], "pool": [], "heldout": [], "stale": []}
     for template, src, dst, mode in combos:
         part = next(k for k, ps in parts.items() if (src, dst) in ps)
         if len(split[part]) < cap[part]:
@@ -274,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heldout", type=int, default=16, help="held-out tasks (158 at the default split)")
     p.add_argument("--heldout-frac", type=float, default=0.25, help="share of (src, dst) name pairs held out")
     p.add_argument("--pool-frac", type=float, default=0.0, help="share of the other pairs written to pool/")
+    p.add_argument("--dev-frac", type=float, default=0.0,
+                   help="share of the non-held-out pairs written to dev/ (never trained on)")
+    p.add_argument("--dev", type=int, default=40, help="dev tasks at most")
     p.add_argument("--stale-frac", type=float, default=0.0,
                    help="share of tasks whose output folder holds a stale file already")
     p.add_argument("--fresh-out", action="store_true",
@@ -288,8 +301,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not a.out:
         p.error("OUT is required (or --model)")
-    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac, a.fresh_out)
-    print(f"{len(s['train'])} train, {len(s['pool'])} pool, {len(s['heldout'])} held-out tasks under {a.out}"
+    s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac, a.fresh_out,
+                 a.dev_frac, a.dev)
+    print(f"{len(s['train'])} train, {len(s['dev'])} dev, {len(s['pool'])} pool, {len(s['heldout'])} held-out"
+          f" tasks under {a.out}"
           f" ({len(s['stale'])} with the stale file)")
 
 

@@ -43,6 +43,13 @@ def test_generator_split_is_by_parameters_and_fixed(tmp_path):
     pool_pairs = {pair(n) for n in c["pool"]}
     assert not pool_pairs & held_pairs and not pool_pairs & {pair(n) for n in c["train"]}
     assert sorted(p.name for p in (tmp_path / "c/pool").iterdir()) == c["pool"]
+    # a dev part (recipe choices) takes its own pairs from the train side too: held-out unchanged
+    e = microtasks.generate(tmp_path / "e", n_train=48, n_heldout=16, seed=0, pool_frac=0.2, dev_frac=0.2,
+                            n_dev=8)
+    assert e["heldout"] == b["heldout"] and len(e["dev"]) == 8
+    dev_pairs = {pair(n) for n in e["dev"]}
+    assert not dev_pairs & held_pairs and not dev_pairs & {pair(n) for n in e["train"] + e["pool"]}
+    assert microtasks.split_pairs(0, 0.25, 0.2) == microtasks.split_pairs(0, 0.25, 0.2, 0.0)
     # one environment for the whole family: one set of image layers
     assert len(microtasks.env_hash(tmp_path / "b").split(",")) == 1
     for name in b["train"][:5]:
@@ -245,7 +252,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
             "--eval-trials", "1", "--max-turns", "2", "--max-tokens", "32", "--bootstrap", "50",
-            "--concurrency", "4"]
+            "--concurrency", "4", "--dev-frac", "0.1", "--n-dev", "3", "--eval-on", "dev"]
     if not importlib.util.find_spec("vllm"):
         argv += ["--engine", "hf"]
     res = json.loads(json.dumps(E.main(argv)))  # as JSON holds it (tuples become lists)
@@ -258,15 +265,17 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
         assert set(res[key]) == {"fork", "standard"}, key
     s0 = res["per_seed"][0]
     assert len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"])
-    assert set(s0["recovery_sample_tasks"]) <= set(res["heldout_tasks"])
+    assert res["evaluated_on"] == "dev" and set(s0["recovery_sample_tasks"]) <= set(res["dev_tasks"])
     assert res["seeds"] == [0] and len(res["heldout_tasks"]) == 3 and len(res["train_tasks"]) == 8
-    parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks")]
-    assert all(parts) and not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+    parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks", "dev_tasks")]
+    assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
     # both modes ran to the same environment-step budget (standard may overshoot by its last step)
     assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard"]
     seed = out / "seed0"
     assert {r["task"] for r in C.read_jsonl(seed / "failures_train/attempts.jsonl")} <= parts[1]
-    assert {r["task"] for r in C.read_jsonl(seed / "failures_heldout/attempts.jsonl")} <= parts[2]
+    # --eval-on dev: every evaluation ran on dev tasks, and no held-out task was run at all
+    assert {r["task"] for r in C.read_jsonl(seed / "failures_heldout/attempts.jsonl")} <= parts[3]
+    assert {r["task"] for r in C.read_jsonl(seed / "eval_base/trials.jsonl")} == parts[3]
     assert {r["task_id"] for r in C.read_jsonl(out / "data/sft.jsonl")} <= parts[0]
     # no held-out task in any GRPO group of either mode (fork groups name their state's task)
     grouped = {g["task"] for m in ("fork", "standard") for r in C.read_jsonl(seed / m / "metrics.jsonl")
@@ -342,7 +351,7 @@ def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
     assert lo == pytest.approx(-0.043, abs=2e-3) and hi == pytest.approx(0.303, abs=2e-3)  # inputs rounded
     assert hi - lo == pytest.approx(2 * 3.182 * statistics.stdev([0.266, 0.159, 0.085, 0.012]) / 2, rel=1e-3)
     assert E.t_interval([0.5, 0.5]) == [0.5, 0.5]
-    assert all(x != x for x in E.t_interval([0.3]))  # one seed: no interval (nan)
+    assert E.t_interval([0.3]) is None  # one seed: no interval
 
 
 def test_task_bootstrap_is_paired_and_keeps_each_tasks_samples_together():
