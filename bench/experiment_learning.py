@@ -92,6 +92,9 @@ class Config:
     # the split every evaluation (base, 03 failure states, Recovery@1, Pass@1) runs on: recipe choices
     # are made on dev (with --dev-frac > 0); held-out only evaluates a recipe frozen before
     eval_on: str = "heldout"
+    # fork mode's environment-step budget includes stage 03's collection of its train pool (agent turns),
+    # so standard GRPO, matched to that budget, gets those steps too (False: GRPO's own steps only)
+    count_pool_steps: bool = True
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
@@ -130,7 +133,8 @@ SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac
                 "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
-          "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout"}
+          "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
+          "count_pool_steps": False}
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
 CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
@@ -495,6 +499,9 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         summary = json.loads((out / f"failures_{part}/summary.json").read_text())
         res[f"sft_{part}_pass_at_1"] = summary["pass_rate"]
     res["sft_pass_at_1"] = res["sft_heldout_pass_at_1"]
+    # the environment steps (agent turns) stage 03 spent finding the fork pool's failure states
+    res["env_steps_pool"] = sum(a["turns"] for a in C.read_jsonl(out / "failures_train/attempts.jsonl"))
+    pool_steps = res["env_steps_pool"] if cfg.count_pool_steps else 0
     states = C.read_jsonl(fail["heldout"])
     solved = {a["task"] for a in C.read_jsonl(out / "failures_heldout/attempts.jsonl") if a["reward"] >= 1.0}
     res["n_heldout_failures"] = len(states)
@@ -539,8 +546,8 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         for c in range(1, n_chunks + 1):
             last = c == n_chunks
             steps = min(cfg.grpo_steps, c * cfg.eval_every)
-            budget = grpo_chunk(cfg, "fork", sft, out / "fork", steps, 0, grpo_dir, fail["train"], seed,
-                                last, log)
+            budget = pool_steps + grpo_chunk(cfg, "fork", sft, out / "fork", steps, 0, grpo_dir,
+                                             fail["train"], seed, last, log)
             std = grpo_chunk(cfg, "standard", sft, out / "standard", 10**6, budget, grpo_dir, fail["train"],
                              seed, last, log)
             lap(f"grpo_chunk{c}")
@@ -654,6 +661,8 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         "heldout_recovery_after": avg("heldout_recovery_after"),
         "heldout_pass_at_1_after": avg("heldout_pass_at_1_after"),
         "env_steps": {m: round(mean([s["env_steps"][m] for s in per_seed])) for m in modes},
+        # stage 03's pool collection (inside env_steps["fork"] when config.count_pool_steps)
+        "env_steps_pool": mean([s.get("env_steps_pool", float("nan")) for s in per_seed]),
         "nonuniform_group_frac": avg("nonuniform_group_frac"),
         "heldout_failures_unsolved_frac": mean([s["heldout_failures_unsolved_frac"] for s in per_seed
                                                 if "heldout_failures_unsolved_frac" in s]),

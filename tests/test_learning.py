@@ -271,6 +271,8 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
     # both modes ran to the same environment-step budget (standard may overshoot by its last step)
     assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard"]
+    # ... and fork's budget counts stage 03's pool collection
+    assert 0 < res["per_seed"][0]["env_steps_pool"] < res["env_steps"]["fork"]
     seed = out / "seed0"
     assert {r["task"] for r in C.read_jsonl(seed / "failures_train/attempts.jsonl")} <= parts[1]
     # --eval-on dev: every evaluation ran on dev tasks, and no held-out task was run at all
