@@ -271,6 +271,11 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
     # both modes ran to the same environment-step budget (standard may overshoot by its last step)
     assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard"]
+    # success within one attempt + one recovery, for every policy, never below its Pass@1
+    swr = res["heldout_success_with_retry"]
+    assert set(swr) == {"base", "sft", "fork", "standard"} and all(0 <= x <= 1 for x in swr.values())
+    assert swr["fork"] >= res["heldout_pass_at_1_after"]["fork"]
+    assert swr["sft"] >= res["per_seed"][0]["sft_pass_at_1"]
     # ... and fork's budget counts stage 03's pool collection
     assert 0 < res["per_seed"][0]["env_steps_pool"] < res["env_steps"]["fork"]
     seed = out / "seed0"

@@ -233,9 +233,14 @@ def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
     make_task("p1")
     engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
     out = tmp_path / "ev"
-    ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--agent", "policy",
-             "--model", str(final), "--engine", engine, "--dtype", "float32", "--max-tokens", "16",
-             "--max-turns", "1", "--max-context", "2048", "--recovery"])
+    summary = ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--agent", "policy",
+                       "--model", str(final), "--engine", engine, "--dtype", "float32", "--max-tokens", "16",
+                       "--max-turns", "1", "--max-context", "2048", "--recovery"])
+    # a trial succeeds within one attempt + one recovery if it passed or its recovery did
+    rec = {(r["task"], r["trial"]): r["reward"] for r in C.read_jsonl(out / "recovery.jsonl")}
+    trials = C.read_jsonl(out / "trials.jsonl")
+    assert summary["success_with_retry"] == sum(max(t["reward"], rec.get((t["task"], t["trial"]), 0.0))
+                                                for t in trials) / len(trials) >= summary["pass_at_1"]
     trajectories = sorted((out / "trajectories").glob("*.json"))
     assert trajectories
     for path in trajectories:
