@@ -141,7 +141,7 @@ LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac
           "count_pool_steps": False, "eval_retry": False}
 # recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
 # and Recovery@1 of those
-CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered")
+CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered", "blind_removal")
 
 
 # the Config fields that say how a run ran, not what it measured: runs that differ only in them pool
@@ -536,6 +536,9 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         rm = [r for r, f, d in zip(rec, flags, removed, strict=True) if f and d]
         out["stale_removed"] = len(rm) / flags.count(True) if True in flags else None
         out["stale_removed_recovered"] = sum(rm) / len(rm) if rm else None
+        # a blind repair: the removal run on a state whose task has no stale file (nothing to see)
+        blind = [d for f, d in zip(flags, removed, strict=True) if not f]
+        out["blind_removal"] = sum(blind) / len(blind) if blind else None
         return out
     lap("collect_failures")
     try:
@@ -695,6 +698,10 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         "recovery_by_cause": {p: {c: mean([x for s in per_seed if (x := s.get("recovery_by_cause", {})
                                                                    .get(p, {}).get(c)) is not None])
                                   for c in CAUSES} for p in ("before", *modes)},
+        # the share of recoveries on states without the stale file that removed it all the same
+        "blind_repair_rate": {p: mean([x for s in per_seed if (x := s.get("recovery_by_cause", {})
+                                                               .get(p, {}).get("blind_removal")) is not None])
+                              for p in ("before", *modes)},
     }
     rng = random.Random(0)
     res["ci95"] = {
@@ -909,6 +916,8 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
         print("stale-file states, recoveries that removed the file / Recovery@1 of those: " + ", ".join(
             f"{p} {cause[p]['stale_removed']:.2f} / {cause[p]['stale_removed_recovered']:.2f}"
             for p in cause))
+        print("blind repairs (the removal on states without the stale file): " + ", ".join(
+            f"{p} {x:.2f}" if x == x else f"{p} -" for p, x in res["blind_repair_rate"].items()))  # nan: not kept
     print(run_table(res["per_seed"], labels))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
 

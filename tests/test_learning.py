@@ -305,6 +305,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert 0 <= res["heldout_failures_stale_frac"] <= 1
     assert set(res["recovery_by_cause"]) == {"before", "fork", "standard"}
     assert set(res["recovery_by_cause"]["before"]) == set(E.CAUSES)
+    assert set(res["blind_repair_rate"]) == {"before", "fork", "standard"}
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
              for r in C.read_jsonl(seed / f / "failures.jsonl")]
     assert snaps  # the random-init policy fails, so there were states to snapshot
