@@ -916,8 +916,9 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
         print("stale-file states, recoveries that removed the file / Recovery@1 of those: " + ", ".join(
             f"{p} {cause[p]['stale_removed']:.2f} / {cause[p]['stale_removed_recovered']:.2f}"
             for p in cause))
+        blind = res["blind_repair_rate"]  # nan where the runs did not record it
         print("blind repairs (the removal on states without the stale file): " + ", ".join(
-            f"{p} {x:.2f}" if x == x else f"{p} -" for p, x in res["blind_repair_rate"].items()))  # nan: not kept
+            f"{p} {x:.2f}" if x == x else f"{p} -" for p, x in blind.items()))
     print(run_table(res["per_seed"], labels))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
 
