@@ -66,12 +66,13 @@ def test_weight_push_streams_model_dtype_tensors_one_at_a_time_and_writes_no_fil
     monkeypatch.setattr(engine.llm, "collective_rpc", spy)
     import safetensors.torch
 
-    for mod, name in ((safetensors.torch, "save_file"), (torch, "save"), (tempfile, "mkdtemp"),
-                      (tempfile, "NamedTemporaryFile")):
-        monkeypatch.setattr(mod, name, no_file)
     dirs = [Path(d) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir()]
     before = {d: set(os.listdir(d)) for d in dirs}
-    G.push_weights(model, engine, torch.bfloat16)
+    with monkeypatch.context() as m:
+        for mod, name in ((safetensors.torch, "save_file"), (torch, "save"), (tempfile, "mkdtemp"),
+                          (tempfile, "NamedTemporaryFile")):
+            m.setattr(mod, name, no_file)
+        G.push_weights(model, engine, torch.bfloat16)
     assert {d: set(os.listdir(d)) for d in dirs} == before
     assert len(seen) == len(set(seen)) and set(seen) >= expected, sorted(expected - set(seen))
     # the engine now holds the bf16-rounded weights: its logprobs match transformers' on them
