@@ -226,7 +226,7 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
             "--max-turns", "2", "--max-context", "2048", "--engine", "vllm", "--dtype", "float32",
             "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows"]
     try:
-        r = _torchrun(args + ["--steps", "2"])
+        r = _torchrun(args + ["--steps", "2", "--keep-pool"])  # the pool's images stay for the resume
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
         r = _torchrun(args + ["--steps", "3"])
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
@@ -234,13 +234,17 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
     finally:
         leaked = _leftovers(name, out)
         for ref in leaked:  # clean up before failing, so no other test sees them
-            C.reap(None) if len(ref) == 12 else C.remove_image(ref)
+            if ":" in ref:
+                C.remove_image(ref)
+            else:
+                C.docker_client().api.remove_container(ref, force=True)
     assert not leaked, leaked
     rows = C.read_jsonl(out / "metrics.jsonl")
     assert [x["step"] for x in rows] == [1, 2, 3]
     assert all(len(x["episodes_by_rank"]) == 2 and min(x["episodes_by_rank"]) > 0 for x in rows), rows
-    assert rows[1]["pool"] + rows[1]["retired"] > 0 or rows[0]["added"] == 0  # step 1's failures fed the pool
-    assert any(g["kind"] == "fork" for x in rows[1:] for g in x["group_rewards"]) or rows[0]["added"] == 0
+    # no pool at first: step 1 starts fresh, its failures feed the pool, later steps fork from it
+    assert [g["kind"] for g in rows[0]["group_rewards"]] == ["fresh", "fresh"] and rows[0]["added"] > 0
+    assert all("fork" in [g["kind"] for g in x["group_rewards"]] for x in rows[1:]), rows
     # the 1-process replay: the same rows, the same optimizer, step by step
     cfg = C.parse_config(G.Config, args[1:])
     model, tok = C.load_model(tiny), C.load_tokenizer(tiny)
@@ -255,6 +259,7 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
                                  tok.pad_token_id)
         assert stats["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], stats, x)
         assert stats["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4, abs=1e-6)
+        assert stats["nll"] == pytest.approx(x["nll"], abs=1e-5)  # the policy before this step's update
         trained += 1
     assert trained, "every group of every step was uniform: nothing to compare"
     final = C.load_model(out / "final")
