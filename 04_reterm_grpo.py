@@ -390,12 +390,18 @@ def collect(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg
     (the hand-off waits on cpu_group, whose timeout is --handoff-timeout, not on the training
     group's). Rank 0 then updates the pool; other ranks pass pool=None."""
     plan = C.broadcast_object(plan_groups(step, cfg, pool, tasks) if rank == 0 else None)
-    shares = C.all_gather_objects(run_groups(plan[rank::world], cfg, tasks, engine, rcfg))
+    mine = run_groups(plan[rank::world], cfg, tasks, engine, rcfg)
+    try:
+        shares = C.all_gather_objects(mine)
+    except BaseException:  # stopped while waiting for the others: no pool will own this rank's snapshots
+        for ep in (ep for g in mine[0] for ep in g.episodes if ep.snapshot):
+            C.remove_image(ep.snapshot)
+        raise
     groups: list = [None] * len(plan)
-    for r, (mine, _) in enumerate(shares):
-        groups[r::world] = mine
+    for r, (share, _) in enumerate(shares):
+        groups[r::world] = share
     stats = _merge_stats([st for _, st in shares])
-    stats["episodes_by_rank"] = [sum(len(g.episodes) for g in mine) for mine, _ in shares]
+    stats["episodes_by_rank"] = [sum(len(g.episodes) for g in share) for share, _ in shares]
     stats["env_errors"] = sum(ep.error is not None for g in groups for ep in g.episodes)
     added = 0
     for g in groups:

@@ -150,7 +150,7 @@ def test_each_step_sleeps_trains_wakes_loads_then_rolls_out(tiny, tmp_path, monk
 # ── the hand-off waits through a rollout longer than the training group's timeout ─────────
 
 _SLOW_HANDOFF = """
-import importlib, os, sys, time
+import importlib, os, signal, sys, threading, time
 sys.path.insert(0, {root!r})
 import torch
 import common as C
@@ -180,11 +180,25 @@ try:  # the control: the same wait on the training group times out
     print("CONTROL", rank, "passed", flush=True)
 except Exception as e:
     print("CONTROL", rank, "timed out", type(e).__name__, flush=True)
+
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)  # as the stages' env_session does
+t = time.monotonic()
+try:  # a SIGTERM (torchrun passing on a Ctrl-C) ends the wait for a slow rank at once
+    if rank == 0:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    else:
+        time.sleep(10)
+    C.all_gather_objects(rank)
+except BaseException as e:
+    print("STOPPED", rank, type(e).__name__, round(time.monotonic() - t), flush=True)
 os._exit(0)
 """
 
 
 def test_a_rollout_longer_than_the_collective_timeout_still_hands_its_rows_over(tmp_path):
+    """...and a signal still stops a rank that waits for a slower one (Ctrl-C cleanup)."""
     script = tmp_path / "handoff.py"
     script.write_text(_SLOW_HANDOFF.format(root=str(ROOT)))
     r = _torchrun([str(script)], timeout=300)
@@ -195,6 +209,8 @@ def test_a_rollout_longer_than_the_collective_timeout_still_hands_its_rows_over(
         assert got["COLLECTED", rank].startswith("['a', 'b'] [2, 2] 4"), got
     assert int(got["COLLECTED", "0"].split()[-1]) >= 9
     assert got["CONTROL", "0"].startswith("timed out"), got  # so 3 s really was the limit
+    stopped = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("STOPPED 0")]
+    assert stopped and stopped[0][2] == "KeyboardInterrupt" and int(stopped[0][3]) <= 3, r.stdout[-2000:]
 
 
 # ── torchrun: 2 ranks, fork mode, resume, equal to one process ────────────────────────
