@@ -2314,7 +2314,13 @@ def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -
     if is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
+    fresh = not optimizer.state
     msd, osd = get_state_dict(model, optimizer)
+    if fresh:  # get_state_dict made the state with one zero-lr step(): the first real update would
+        # then count as Adam's second and take smaller bias corrections than an unsaved run's
+        for st in [*optimizer.state.values(), *osd.get("state", {}).values()]:
+            if "step" in st:
+                st["step"] = st["step"].zero_() if torch.is_tensor(st["step"]) else 0
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     torch.save(extra, tmp / f"extra_{int(os.environ.get('RANK', 0))}.pt")
     barrier()

@@ -283,3 +283,18 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
     assert trained, "every group of every step was uniform: nothing to compare"
     final = C.load_model(out / "final")
     assert all(torch.allclose(final.state_dict()[k], v, atol=1e-5) for k, v in model.state_dict().items())
+
+
+def test_a_checkpoint_before_the_first_update_leaves_that_update_unchanged(tmp_path):
+    """A step whose groups are all uniform trains nothing, yet its checkpoint is saved; saving
+    must not count as an Adam step (torch's get_state_dict makes the state with a zero-lr step),
+    or the first real update differs from a run that never saved."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    C.save_checkpoint(tmp_path / "ckpt", b, ob, {"step": 0})
+    for m, o in ((a, oa), (b, ob)):
+        m(torch.ones(2, 4)).sum().backward()
+        o.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
