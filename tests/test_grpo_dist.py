@@ -1,0 +1,300 @@
+"""Stage 04 as it runs on a node: one engine per rank, each rank rolling out its share of a step's
+groups, the row hand-off on a CPU group with its own timeout, the per-step memory hand-over between
+engine and trainer, and weights streamed one tensor at a time. The torchrun runs use gloo on CPU."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import common as C
+
+G = importlib.import_module("04_reterm_grpo")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return C.make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", arch="qwen3")
+
+
+def _torchrun(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+# ── the weight push ─────────────────────────────────────────────────────────────
+
+
+def test_weight_push_streams_model_dtype_tensors_one_at_a_time_and_writes_no_file(tiny, monkeypatch):
+    """The engine gets a generator of (name, one full tensor) in the asked dtype, covering every
+    name of the checkpoint; nothing is written to disk; vLLM then samples with exactly those weights."""
+    pytest.importorskip("vllm")
+    from safetensors import safe_open
+
+    with safe_open(str(tiny / "model.safetensors"), "pt") as f:
+        expected = set(f.keys())
+    engine = C.make_engine("vllm", tiny, dtype="float32", max_model_len=512)
+    model = C.load_model(tiny)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    seen, real_rpc = [], engine.llm.collective_rpc
+
+    def spy(method, kwargs):  # what the engine's workers are handed
+        it = kwargs["weights_iterator"]
+        assert isinstance(it, types.GeneratorType)  # lazy: one tensor exists at a time
+
+        def watch():
+            for name, t in it:
+                assert type(t) is torch.Tensor and t.dtype == torch.bfloat16, (name, type(t), t.dtype)
+                seen.append(name)
+                yield name, t
+        return real_rpc(method, kwargs=kwargs | {"weights_iterator": watch()})
+
+    def no_file(*a, **k):
+        raise AssertionError("the weight push wrote a file")
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", spy)
+    import safetensors.torch
+
+    dirs = [Path(d) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir()]
+    before = {d: set(os.listdir(d)) for d in dirs}
+    with monkeypatch.context() as m:
+        for mod, name in ((safetensors.torch, "save_file"), (torch, "save"), (tempfile, "mkdtemp"),
+                          (tempfile, "NamedTemporaryFile")):
+            m.setattr(mod, name, no_file)
+        G.push_weights(model, engine, torch.bfloat16)
+    assert {d: set(os.listdir(d)) for d in dirs} == before
+    assert len(seen) == len(set(seen)) and set(seen) >= expected, sorted(expected - set(seen))
+    # the engine now holds the bf16-rounded weights: its logprobs match transformers' on them
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    prompt = [5, 6, 7, 8]
+    (g,) = engine.generate([prompt], C.SamplingConfig(max_tokens=6, seed=1))
+    ids = torch.tensor([prompt + g.ids])
+    with torch.no_grad():
+        logp = model(ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+    ref = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]
+    assert (torch.tensor(g.logprobs) - ref).abs().max() <= 1e-4
+    engine.close()
+
+
+# ── the per-step order: roll out, sleep, train, wake, load, wake, roll out ────────────────
+
+
+class RecordingEngine:
+    def __init__(self, tok, calls: list):
+        self.tokenizer, self.calls = tok, calls
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def wake_weights(self):
+        self.calls.append("wake_weights")
+
+    def update_weights(self, named_tensors):
+        assert isinstance(named_tensors, types.GeneratorType)
+        n = sum(1 for _ in named_tensors)
+        self.calls.append(f"load:{n}")
+
+    def wake_kv(self):
+        self.calls.append("wake_kv")
+
+    def close(self):
+        self.calls.append("close")
+
+
+def test_each_step_sleeps_trains_wakes_loads_then_rolls_out(tiny, tmp_path, monkeypatch):
+    tok, calls = C.load_tokenizer(tiny), []
+    prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
+    rows = []
+    for a, adv in ((5, 1.0), (6, -1.0)):
+        trace = C.TokenTrace()
+        trace.add_context(prompt)
+        trace.add_sampled([a], [-3.0], trained=True)
+        rows.append(G.Row(trace, adv))
+    metrics = {"reward": 0.5, "recovery": None, "groups": 1, "groups_dropped": 0, "pool": 0,
+               "episodes_by_rank": [2], "env_steps": 2}
+
+    def rollout_step(step, *a, **k):
+        calls.append("rollout")
+        return rows, dict(metrics)
+
+    def train_on_batch(*a, **k):
+        calls.append("train")
+        return real_train(*a, **k)
+
+    real_train = G.train_on_batch
+    monkeypatch.setattr(G, "rollout_step", rollout_step)
+    monkeypatch.setattr(G, "train_on_batch", train_on_batch)
+    monkeypatch.setattr(G, "start_rollouts", lambda *a, **k: (G.Pool(0.1), RecordingEngine(tok, calls)))
+    G.main(["--model", str(tiny), "--out", str(tmp_path / "o"), "--tasks", str(ROOT / "tasks"),
+            "--steps", "2", "--save-every", "0", "--fresh-frac", "1", "--lr", "1e-3"])
+    n = len(C.load_model(tiny).state_dict())
+    step = ["rollout", "sleep", "train", "wake_weights", f"load:{n}", "wake_kv"]
+    assert calls == step + step + ["close"], calls
+    row = C.read_jsonl(tmp_path / "o" / "metrics.jsonl")[0]
+    assert {"mem_gb_rollout", "mem_gb_train", "mem_gb_push"} <= set(row) and row["mem_gb_train"] > 0
+
+
+# ── the hand-off waits through a rollout longer than the training group's timeout ─────────
+
+_SLOW_HANDOFF = """
+import importlib, os, signal, sys, threading, time
+sys.path.insert(0, {root!r})
+import torch
+import common as C
+G = importlib.import_module("04_reterm_grpo")
+
+rank, world, _ = C.init_distributed(timeout_s=3)  # the training group: 3 s
+C.cpu_group(120)  # the hand-off group
+cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--batch-states", "2", "--mode", "standard"])
+
+def slow_share(plan, cfg, tasks, engine, rcfg):  # rank 1's rollout takes 10 s
+    if rank == 1:
+        time.sleep(10)
+    groups = [G.Group("fresh", p["key"], "fresh", [C.Episode(None, [], C.TokenTrace(), reward=r)
+                                                   for r in (0.0, 1.0)], p["key"]) for p in plan]
+    return groups, {{"env_steps": 2, "wall_s": 10.0 * rank, "engine_idle_frac": 0.0}}
+
+G.run_groups = slow_share
+t = time.monotonic()
+groups, stats, _ = G.collect(1, cfg, G.Pool(0.1) if rank == 0 else None, {{"a": 0, "b": 0}}, None, None,
+                             rank, world)
+print("COLLECTED", rank, sorted(g.key for g in groups), stats["episodes_by_rank"], stats["env_steps"],
+      round(time.monotonic() - t), flush=True)
+try:  # the control: the same wait on the training group times out
+    if rank == 1:
+        time.sleep(10)
+    torch.distributed.barrier()
+    print("CONTROL", rank, "passed", flush=True)
+except Exception as e:
+    print("CONTROL", rank, "timed out", type(e).__name__, flush=True)
+
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)  # as the stages' env_session does
+t = time.monotonic()
+try:  # a SIGTERM (torchrun passing on a Ctrl-C) ends the wait for a slow rank at once
+    if rank == 0:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    else:
+        time.sleep(10)
+    C.all_gather_objects(rank)
+except BaseException as e:
+    print("STOPPED", rank, type(e).__name__, round(time.monotonic() - t), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_rollout_longer_than_the_collective_timeout_still_hands_its_rows_over(tmp_path):
+    """...and a signal still stops a rank that waits for a slower one (Ctrl-C cleanup)."""
+    script = tmp_path / "handoff.py"
+    script.write_text(_SLOW_HANDOFF.format(root=str(ROOT)))
+    r = _torchrun([str(script)], timeout=300)
+    out = [ln.split(maxsplit=2) for ln in r.stdout.splitlines() if ln.startswith(("COLLECTED", "CONTROL"))]
+    got = {(k, rank): rest for k, rank, rest in out}
+    assert {("COLLECTED", "0"), ("COLLECTED", "1")} <= set(got), r.stdout[-2000:] + r.stderr[-3000:]
+    for rank in "01":  # both groups back on both ranks, one per rank, rank 0 waited ~10 s > 3 s
+        assert got["COLLECTED", rank].startswith("['a', 'b'] [2, 2] 4"), got
+    assert int(got["COLLECTED", "0"].split()[-1]) >= 9
+    assert got["CONTROL", "0"].startswith("timed out"), got  # so 3 s really was the limit
+    stopped = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("STOPPED 0")]
+    assert stopped and stopped[0][2] == "KeyboardInterrupt" and int(stopped[0][3]) <= 3, r.stdout[-2000:]
+
+
+# ── torchrun: 2 ranks, fork mode, resume, equal to one process ────────────────────────
+
+COIN = "mkdir -p /logs/verifier; echo $((RANDOM % 2)) > /logs/verifier/reward.txt\n"
+
+
+def _leftovers(task: str, out: Path) -> list[str]:
+    import hashlib
+
+    client = C.docker_client()
+    pool_repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
+    boxes = client.api.containers(all=True, filters={"label": f"reterm.task={task}"})
+    tags = [t for im in client.images.list() for t in im.tags
+            if t.startswith((f"reterm-snap/{task}:", pool_repo))]
+    return [c["Id"][:12] for c in boxes] + tags
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process(make_task, tiny, tmp_path):
+    """Every step: both ranks ran episodes (episodes_by_rank), and the losses and gradient norms
+    equal a 1-process replay of the same rows (the rows each step trained on are saved)."""
+    pytest.importorskip("vllm")
+    name = "grpodist36"  # a verifier that mixes rewards inside a group (the tiny model never passes a task)
+    task = C.load_task(make_task(name, test=COIN))
+    out = tmp_path / "grpo"
+    args = ["04_reterm_grpo.py", "--model", str(tiny), "--out", str(out), "--tasks", str(task.path.parent),
+            "--fresh-frac", "0.5", "--batch-states", "2", "--group-size", "4", "--max-tokens", "16",
+            "--max-turns", "2", "--max-context", "2048", "--engine", "vllm", "--dtype", "float32",
+            "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows"]
+    try:
+        r = _torchrun(args + ["--steps", "2", "--keep-pool"])  # the pool's images stay for the resume
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+        r = _torchrun(args + ["--steps", "3"])
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+        assert "resumed after step 2" in r.stdout + r.stderr
+    finally:
+        leaked = _leftovers(name, out)
+        for ref in leaked:  # clean up before failing, so no other test sees them
+            if ":" in ref:
+                C.remove_image(ref)
+            else:
+                C.docker_client().api.remove_container(ref, force=True)
+    assert not leaked, leaked
+    rows = C.read_jsonl(out / "metrics.jsonl")
+    assert [x["step"] for x in rows] == [1, 2, 3]
+    assert all(len(x["episodes_by_rank"]) == 2 and min(x["episodes_by_rank"]) > 0 for x in rows), rows
+    # no pool at first: step 1 starts fresh, its failures feed the pool, later steps fork from it
+    assert [g["kind"] for g in rows[0]["group_rewards"]] == ["fresh", "fresh"] and rows[0]["added"] > 0
+    assert all("fork" in [g["kind"] for g in x["group_rewards"]] for x in rows[1:]), rows
+    # the 1-process replay: the same rows, the same optimizer, step by step
+    cfg = C.parse_config(G.Config, args[1:])
+    model, tok = C.load_model(tiny), C.load_tokenizer(tiny)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    trained = 0
+    for x in rows:
+        saved = torch.load(out / "rows" / f"step{x['step']}.pt", weights_only=False)
+        if not saved:
+            assert "loss" not in x
+            continue
+        stats = G.train_on_batch(model, opt, [G.Row(t, a) for t, a in saved], cfg, torch.device("cpu"),
+                                 tok.pad_token_id)
+        assert stats["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], stats, x)
+        assert stats["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4, abs=1e-6)
+        assert stats["nll"] == pytest.approx(x["nll"], abs=1e-5)  # the policy before this step's update
+        # both ranks' engines sampled from the weights streamed out of the FSDP shards after the
+        # previous step (with lr 1e-3, stale weights would show here)
+        assert x["mismatch_kl"] < 1e-6 and abs(x["is_weight"] - 1) < 1e-4, x
+        trained += 1
+    assert trained, "every group of every step was uniform: nothing to compare"
+    final = C.load_model(out / "final")
+    assert all(torch.allclose(final.state_dict()[k], v, atol=1e-5) for k, v in model.state_dict().items())
+
+
+def test_a_checkpoint_before_the_first_update_leaves_that_update_unchanged(tmp_path):
+    """A step whose groups are all uniform trains nothing, yet its checkpoint is saved; saving
+    must not count as an Adam step (torch's get_state_dict makes the state with a zero-lr step),
+    or the first real update differs from a run that never saved."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    C.save_checkpoint(tmp_path / "ckpt", b, ob, {"step": 0})
+    for m, o in ((a, oa), (b, ob)):
+        m(torch.ones(2, 4)).sum().backward()
+        o.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
