@@ -2351,13 +2351,6 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None
     return torch.load(path / f"extra_{int(os.environ.get('RANK', 0))}.pt", weights_only=False)
 
 
-def full_state_dict(model: Any) -> dict:
-    """The whole model's weights on CPU (HF names). Under FSDP a gather: every rank must call."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def stream_weights(model: Any, dtype: Any = None) -> Iterator[tuple[str, Any]]:
     """(HF name, full tensor) for one parameter or buffer at a time, cast to `dtype` (None: as
     stored) before it is gathered, on the device it lives on. Under FSDP2 each item is an
