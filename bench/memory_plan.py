@@ -134,21 +134,25 @@ def shape_of(config) -> Shape:
                  seq_state_bytes=n_lin * (nv * dk * dv * 4 + conv * (k - 1) * 2))
 
 
-def block_elements(s: Shape, kind: str, gpu: bool) -> float:
-    """Live activation elements per token during one block's backward (ACTIVATION_ELEMENTS)."""
-    e = ACTIVATION_ELEMENTS
-    mlp = e["hidden"] * s.hidden + e["intermediate"] * s.intermediate
+def block_bytes(s: Shape, kind: str, gpu: bool, fla: bool = True) -> float:
+    """Live activation bytes per token during one block's backward (ACTIVATION_ELEMENTS): bf16 on
+    GPU, fp32 on CPU; Gated DeltaNet's own part in fp32 on GPU too when flash-linear-attention is
+    missing (transformers' torch fallback computes in fp32), else bf16 plus fla's chunk states."""
+    e, a = ACTIVATION_ELEMENTS, (2 if gpu else 4)
+    mlp = (e["hidden"] * s.hidden + e["intermediate"] * s.intermediate) * a
     if kind == "full_attention":
-        return mlp + e["q"] * s.q + e["kv"] * s.kv
-    states = s.lin["state"] / 64 * 2 if gpu else 0.0  # fla's fp32 per-chunk states, in bf16 units
-    return mlp + e["lin_key"] * s.lin["key"] + e["lin_expanded"] * s.lin["expanded"] + e["lin_head"] * s.lin[
-        "heads"] + states
+        return mlp + (e["q"] * s.q + e["kv"] * s.kv) * a
+    own = e["lin_key"] * s.lin["key"] + e["lin_expanded"] * s.lin["expanded"] + e["lin_head"] * s.lin["heads"]
+    if gpu and fla:
+        return mlp + own * 2 + s.lin["state"] / 64 * 4
+    return mlp + own * 4
 
 
 def train_peak(s: Shape, *, world: int, tokens: int, gpu: bool, checkpointing: bool = True,
-               chunk: int = HEAD_CHUNK) -> dict:
+               chunk: int = HEAD_CHUNK, fla: bool = True, kept: int | None = None) -> dict:
     """Per-rank peak bytes of one training step of `tokens` tokens per micro-batch, by term, as the
-    maximum over its phases (the lm_head chunks; one block's backward; the optimizer step)."""
+    maximum over its phases (the lm_head chunks; one block's backward; the optimizer step). `kept`:
+    the positions that predict a trained token (default: all); fewer than a chunk shrink the head."""
     mp = gpu and world > 1  # FSDP mixed precision: bf16 compute; a single GPU autocasts fp32 params
     a = 2 if gpu else 4  # bytes per activation element
     shard = s.params / world
@@ -156,9 +160,9 @@ def train_peak(s: Shape, *, world: int, tokens: int, gpu: bool, checkpointing: b
     gathered_root = 2 * s.root if mp else 0
     cast_cache = 2 * (s.params - s.root) if gpu and world == 1 else 0  # autocast's bf16 weight copies
     saved = len(s.layers) * tokens * s.hidden * (2 if mp else 4)  # each block's input
-    blocks = [block_elements(s, k, gpu) * tokens * a for k in s.layers]
+    blocks = [block_bytes(s, k, gpu, fla) * tokens for k in s.layers]
     acts = saved + max(blocks) if checkpointing else sum(blocks)
-    chunk = min(chunk, tokens)  # positions that predict a trained token: at most the micro-batch's
+    chunk = min(chunk, kept or tokens)
     head = HEAD_COPIES * chunk * s.vocab * 4 + (2 * chunk * s.vocab if gpu else 0) + 3 * tokens * s.hidden * a
     fsdp_block = (2 * 2 + 2 + 4) * s.block_max if world > 1 else 0  # 2 gathered, bf16 grad, fp32 copy
     phases = {

@@ -97,3 +97,19 @@ def test_chunked_log_probs_equal_whole_vocabulary_log_softmax():
     assert torch.allclose(lp, want, atol=1e-5)
     want.sum().backward()
     assert all(torch.allclose(chunked[n], p.grad, atol=1e-5) for n, p in model.named_parameters())
+
+
+def test_gpu_check_cpu_tiny_writes_every_field(tmp_path):
+    """The one-GPU check's own code on CPU: 02 steps and a 04 step, each peak beside the plan's."""
+    cmd = [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert {"device", "gpu_gb", "torch", "transformers", "attention", "missing_kernels", "model", "sft",
+            "grpo_train", "seconds"} <= set(out) and out["device"] == "cpu" and out["seconds"] < 60
+    assert {"steps", "tokens_per_micro_batch", "tokens_per_s", "mfu", "loss", "peak_gb", "plan_peak_gb",
+            "plan_over_measured"} <= set(out["sft"]) and len(out["sft"]["loss"]) == out["sft"]["steps"] == 3
+    want04 = {"rows", "micro_batches", "trained_tokens", "peak_gb", "plan_peak_gb", "plan_over_measured"}
+    assert want04 <= set(out["grpo_train"]) and out["grpo_train"]["micro_batches"] == 2
+    for part in ("sft", "grpo_train"):
+        assert "error" not in out[part] and 0.8 <= out[part]["plan_over_measured"] <= 1.2, out[part]
