@@ -5,14 +5,18 @@ loss covers only the recovery attempt's assistant tokens, tokenised by the same 
 rollout uses, so SFT and GRPO see identical tokens. The loop is hand-written: AdamW, warmup +
 cosine, gradient accumulation, clipping, bf16 on GPU, FSDP2 under torchrun, exact resume.
 
-    python 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
     torchrun --nproc_per_node 8 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
+    python 02_sft.py --data rows.jsonl --model SMALL_MODEL --out runs/sft   # one GPU or CPU
+
+One process cannot hold 9B: fp32 weights, gradients and AdamW state take 16 bytes per parameter
+(143 GB) before any activation; 8 ranks shard them (bench/memory_plan.py has the per-GPU plan).
 
 Batching rule (automatic, --batching auto): on GPU, rows are packed best-fit into one sequence of
---micro-batch-tokens tokens when every layer can keep packed rows apart (packing_supported:
-full attention always; Qwen3.5's linear attention only with the CUDA varlen kernels). Otherwise,
-and always on CPU (where a packed sequence is one dense block-diagonal attention, quadratic in
-the budget), rows of similar length are padded together into micro-batches of the same budget.
+--micro-batch-tokens tokens when the varlen kernels are installed (flash-attn for full attention;
+flash-linear-attention and causal-conv1d for Qwen3.5's linear attention, which without them can't
+keep packed rows apart). Otherwise, and always on CPU (where a packed sequence is one dense
+block-diagonal attention, quadratic in the budget), rows of similar length are padded together
+into micro-batches of the same budget, and the log says which kernel is missing.
 """
 
 from __future__ import annotations
