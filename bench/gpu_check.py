@@ -156,10 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
     fla = gpu and iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
     layers = args.layers or (4 if args.tiny else deepest_fitting(total, tokens02, fla))
     config = model_config(layers, args.tiny)
-    config._attn_implementation = C.attention_implementation(device)
     torch.manual_seed(0)
     with device:  # random init, straight on the device
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                 attn_implementation=C.attention_implementation(device))
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     missing = sft.missing_kernels(model)
