@@ -155,20 +155,22 @@ def train_peak(s: Shape, *, world: int, tokens: int, gpu: bool, checkpointing: b
     the positions that predict a trained token (default: all); fewer than a chunk shrink the head."""
     mp = gpu and world > 1  # FSDP mixed precision: bf16 compute; a single GPU autocasts fp32 params
     a = 2 if gpu else 4  # bytes per activation element
+    c = 2 if mp else 4  # bytes per element of what FSDP gathers (parameters, unsharded gradients)
+    up = 4 if mp else 0  # the fp32 copy of a bf16 gradient for the fp32 reduce-scatter
     shard = s.params / world
     state = {"params": 4 * shard, "grads": 4 * shard, "adam": 8 * shard}
-    gathered_root = 2 * s.root if mp else 0
+    root = c * s.root if world > 1 else 0  # the root gathered (its gradient, once backward starts, too)
     cast_cache = 2 * (s.params - s.root) if gpu and world == 1 else 0  # autocast's bf16 weight copies
     saved = len(s.layers) * tokens * s.hidden * (2 if mp else 4)  # each block's input
     blocks = [block_bytes(s, k, gpu, fla) * tokens for k in s.layers]
     acts = saved + max(blocks) if checkpointing else sum(blocks)
     chunk = min(chunk, kept or tokens)
     head = HEAD_COPIES * chunk * s.vocab * 4 + (2 * chunk * s.vocab if gpu else 0) + 3 * tokens * s.hidden * a
-    fsdp_block = (2 * 2 + 2 + 4) * s.block_max if world > 1 else 0  # 2 gathered, bf16 grad, fp32 copy
+    fsdp_block = (3 * c + up) * s.block_max if world > 1 else 0  # 2 gathered, its gradient (+ fp32 copy)
     phases = {
-        "lm_head chunks": gathered_root + cast_cache + saved + head + (2 * s.root if mp else 0),
-        "block backward": gathered_root + 2 * s.root * mp + acts + fsdp_block,
-        "root reduce-scatter": gathered_root + (2 + 4) * s.root if world > 1 else 0,
+        "lm_head chunks": 2 * root + cast_cache + saved + head,
+        "block backward": 2 * root + acts + fsdp_block,
+        "root reduce-scatter": 2 * root + up * s.root if world > 1 else 0,
         "optimizer step": 4 * shard if gpu else 0,  # foreach AdamW's full-size intermediate
     }
     phase = max(phases, key=phases.get)

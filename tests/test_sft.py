@@ -269,6 +269,38 @@ def test_torchrun_two_processes_with_accumulation_and_resume_equal_one(models, d
     assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], rtol=0, atol=1e-5) for k in w1)
 
 
+SYNC_SCRIPT = """
+import importlib, json, os, sys
+sys.path.insert(0, os.getcwd())
+sft = importlib.import_module("02_sft")
+loss, found = sft.sft_loss, []
+
+def spy(model, batch, n_tokens, world):  # before micro-batch k: what micro-batch k - 1 left behind
+    found.append([p.grad is not None and p.grad.to_local().numel() < p.numel() for p in model.parameters()])
+    return loss(model, batch, n_tokens, world)
+
+sft.sft_loss = spy
+sft.main(sys.argv[2:])
+open(f"{sys.argv[1]}.{os.environ['RANK']}", "w").write(json.dumps(found))
+"""
+
+
+def test_sharded_gradients_are_reduced_after_every_micro_batch(models, data, tmp_path):
+    """Under FSDP each micro-batch's gradient is reduce-scattered into the sharded fp32 gradient at
+    once: deferring the sync to the step's last micro-batch would keep an unsharded fp32 gradient
+    of the whole model alive between micro-batches (~36 GB per GPU at 9B)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = tmp_path / "spy.py"
+    script.write_text(SYNC_SCRIPT)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+                    str(tmp_path / "found"), "--data", str(data), "--model", str(models["qwen3"]),
+                    "--out", str(tmp_path / "run"), *TINY, "--max-steps", "1", "--grad-accum", "2"],
+                   cwd=ROOT, env=env, check=True, timeout=300)
+    for rank in (0, 1):
+        first, second = json.loads((tmp_path / f"found.{rank}").read_text())
+        assert not any(first) and all(second), second  # nothing before; every gradient sharded after one
+
+
 # ── bad input ───────────────────────────────────────────────────────────────
 
 
