@@ -70,8 +70,9 @@ BUILTIN = {"qwen3.5-9b": QWEN35_9B}
 # + residual part is 4 x hidden + 7 x intermediate; full attention adds 8 per query element
 # (gated q) and 4.25 per key/value element; Gated DeltaNet (its torch fallback) adds 4 per key
 # element, 13 per (expanded key + value) element and 202 per value head (the chunk matrices).
-# On GPU flash-attn and flash-linear-attention save less than these fallbacks (a bound, then),
-# plus fla's per-chunk recurrent states (value heads x dk x dv / 64 fp32 per token).
+# On GPU the same elements count 2 bytes (bf16 autocast), and flash-attn / flash-linear-attention
+# are assumed to keep no more than these fallbacks, plus fla's per-chunk recurrent states (value
+# heads x dk x dv / 64 fp32 per token): unmeasured until bench/gpu_check.py runs on a GPU.
 ACTIVATION_ELEMENTS = {"hidden": 4.0, "intermediate": 7.0, "q": 8.0, "kv": 4.25,
                        "lin_key": 4.0, "lin_expanded": 13.0, "lin_head": 202.0}
 HEAD_COPIES = 4.25  # fp32 copies of one chunk's logits live at once (measured on CPU: 4.25)
