@@ -166,7 +166,9 @@ def train_peak(s: Shape, *, world: int, tokens: int, gpu: bool, checkpointing: b
     blocks = [block_bytes(s, k, gpu, fla) * tokens for k in s.layers]
     acts = saved + max(blocks) if checkpointing else sum(blocks)
     chunk = min(chunk, kept or tokens)
-    head = HEAD_COPIES * chunk * s.vocab * 4 + (2 * chunk * s.vocab if gpu else 0) + 3 * tokens * s.hidden * a
+    # on GPU also the bf16 logits and their fp32 upcast (a no-op for CPU's fp32 logits)
+    logits = (HEAD_COPIES * 4 + (2 + 4 if gpu else 0)) * chunk * s.vocab
+    head = logits + 3 * tokens * s.hidden * a
     fsdp_block = (3 * c + up) * s.block_max if world > 1 else 0  # 2 gathered, its gradient (+ fp32 copy)
     phases = {
         "lm_head chunks": 2 * root + cast_cache + saved + head,
