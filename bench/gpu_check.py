@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for gpu_check.json")
     ap.add_argument("--device", default="cuda", help="cuda | cpu")
-    ap.add_argument("--tiny", action="store_true", help="a tiny model of the same layout and 1k-token rows")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model of the same layout and 512-token rows")
     ap.add_argument("--layers", type=int, default=0, help="model depth (0: the deepest the plan fits)")
     ap.add_argument("--steps", type=int, default=3, help="02 steps (the first is a warm-up)")
     args = ap.parse_args(argv)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise C.UserError("--device cuda: no GPU here (run with --device cpu --tiny)")
     s02, s04 = sft.Config(data="-"), grpo.Config(model="-", out="-")
-    tokens02, tokens04 = (1024, 1024) if args.tiny else (s02.micro_batch_tokens, s04.micro_tokens)
+    tokens02, tokens04 = (512, 512) if args.tiny else (s02.micro_batch_tokens, s04.micro_tokens)
     gpu = device.type == "cuda"
     total = torch.cuda.get_device_properties(device).total_memory if gpu else 0
     fla = gpu and iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
