@@ -5,14 +5,18 @@ loss covers only the recovery attempt's assistant tokens, tokenised by the same 
 rollout uses, so SFT and GRPO see identical tokens. The loop is hand-written: AdamW, warmup +
 cosine, gradient accumulation, clipping, bf16 on GPU, FSDP2 under torchrun, exact resume.
 
-    python 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
     torchrun --nproc_per_node 8 02_sft.py --data reterm10k.jsonl --model Qwen/Qwen3.5-9B --out runs/sft
+    python 02_sft.py --data rows.jsonl --model SMALL_MODEL --out runs/sft   # one GPU or CPU
+
+One process cannot hold 9B: fp32 weights, gradients and AdamW state take 16 bytes per parameter
+(143 GB) before any activation; 8 ranks shard them (bench/memory_plan.py has the per-GPU plan).
 
 Batching rule (automatic, --batching auto): on GPU, rows are packed best-fit into one sequence of
---micro-batch-tokens tokens when every layer can keep packed rows apart (packing_supported:
-full attention always; Qwen3.5's linear attention only with the CUDA varlen kernels). Otherwise,
-and always on CPU (where a packed sequence is one dense block-diagonal attention, quadratic in
-the budget), rows of similar length are padded together into micro-batches of the same budget.
+--micro-batch-tokens tokens when the varlen kernels are installed (flash-attn for full attention;
+flash-linear-attention and causal-conv1d for Qwen3.5's linear attention, which without them can't
+keep packed rows apart). Otherwise, and always on CPU (where a packed sequence is one dense
+block-diagonal attention, quadratic in the budget), rows of similar length are padded together
+into micro-batches of the same budget, and the log says which kernel is missing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -127,7 +132,9 @@ def tokenize_row(job: tuple) -> tuple:
     t = fit(full, max_len)
     if t is None:
         return None, False
-    return (torch.tensor(t.ids, dtype=torch.int32), torch.tensor(t.mask, dtype=torch.int8)), t is not full
+    # numpy, not torch: a tensor returned from a worker comes back as shared memory that holds a file
+    # descriptor open in the parent per row (thousands of rows exceed the usual limit of 1024)
+    return (np.array(t.ids, dtype=np.int32), np.array(t.mask, dtype=np.int8)), t is not full
 
 
 def tokenize_rows(cfg: Config, rows: list[dict], tok, out: Path, rank: int, world: int
@@ -150,6 +157,7 @@ def tokenize_rows(cfg: Config, rows: list[dict], tok, out: Path, rank: int, worl
                 done = list(tqdm(pool.map(tokenize_row, jobs, chunksize=4), **bar))
         else:
             done = [tokenize_row(j) for j in tqdm(jobs, **bar)]
+        done = [((torch.from_numpy(t[0]), torch.from_numpy(t[1])) if t else None, c) for t, c in done]
         torch.save({"key": key, "done": done}, shard)
     C.barrier()
     parts = [torch.load(out / f"tokens.{r}-of-{world}.pt", weights_only=False)["done"] for r in range(world)]
@@ -180,6 +188,20 @@ def packing_supported(model) -> bool:
         return True
     kernels = iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
     return torch.cuda.is_available() and kernels
+
+
+def missing_kernels(model) -> list[str]:
+    """The packages the GPU varlen path needs that are not installed: flash-attn (without it a packed
+    row is SDPA with a materialised block-diagonal mask, O(T^2) memory at 32k) and, for linear
+    attention, flash-linear-attention + causal-conv1d (without them packed rows leak into each other)."""
+    from transformers.utils import import_utils as iu
+
+    types_ = getattr(C.text_config(model), "layer_types", None) or ["full_attention"]
+    need = {"flash-attn": iu.is_flash_attn_2_available()} if "full_attention" in types_ else {}
+    if "linear_attention" in types_:
+        need |= {"flash-linear-attention": iu.is_flash_linear_attention_available(),
+                 "causal-conv1d": iu.is_causal_conv1d_available()}
+    return [name for name, ok in need.items() if not ok]
 
 
 def best_fit(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
@@ -262,22 +284,24 @@ def flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
 
 
 def build_model(cfg: Config, device, world: int) -> tuple:
-    """The model to train (FSDP2-sharded under torchrun), whether its micro-batches are packed rows
-    (--batching; auto packs on GPU when the rows stay apart, pads on CPU where a packed row is one
-    dense masked attention over the whole budget), and its optimizer."""
+    """The model to train (FSDP2-sharded under torchrun, built on the meta device and filled from one
+    read of the checkpoint), whether its micro-batches are packed rows (--batching; auto packs on GPU
+    when the varlen kernels are installed, else pads and says which are missing; it always pads on
+    CPU, where a packed row is one dense masked attention over the whole budget), and its optimizer."""
     C.check_choice("--batching", cfg.batching, ("auto", "pack", "pad"))
-    model = C.load_model(cfg.model)
+    gpu = device.type == "cuda"
+    model = C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu,
+                                 activation_checkpointing=cfg.activation_checkpointing)
     model.config.use_cache = False
-    auto = device.type == "cuda" and packing_supported(model)
+    missing = missing_kernels(model)
+    auto = gpu and not missing
     packed = {"pack": True, "pad": False}.get(cfg.batching, auto)
     if packed and not packing_supported(model):
         raise C.UserError("--batching pack: this model's linear-attention layers can't keep packed rows "
                           "apart without the CUDA varlen kernels (flash-linear-attention, causal-conv1d)")
-    if cfg.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
-    if world > 1:
-        C.shard_model(model, mixed_precision=device.type == "cuda")
+    if cfg.batching == "auto" and not packed:
+        why = f"{', '.join(missing)} not installed (requirements.txt)" if gpu else "CPU"
+        C.log0(f"batching: padding rows, not packing ({why}); attention: {model.config._attn_implementation}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay)
     return model, packed, optimizer
@@ -316,9 +340,10 @@ def train_step(model, optimizer, scheduler, batches: list[dict], cfg: Config, de
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     n_tokens = C.all_reduce_sum(sum(b["loss_mask"].sum().item() for b in batches))
     nll = 0.0
-    for k, b in enumerate(batches):
-        if world > 1:  # reduce-scatter gradients once per step, not per micro-batch
-            model.set_requires_gradient_sync(k == len(batches) - 1)
+    # FSDP reduce-scatters after every micro-batch, and the sharded fp32 gradients accumulate: skipping
+    # the sync until the last one would keep an unsharded fp32 gradient of the whole model between
+    # micro-batches (~36 GB per rank at 9B). One more reduce-scatter per 32k-token micro-batch is cheap.
+    for b in batches:
         b = {key: v.to(device) if torch.is_tensor(v) else v for key, v in b.items()}
         with autocast:
             loss, part = sft_loss(model, b, n_tokens, world)

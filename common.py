@@ -1415,12 +1415,23 @@ def load_tokenizer(path: str | Path) -> Any:
     return tok
 
 
-def load_model(path: str | Path, dtype: Any = None) -> Any:
+def attention_implementation(device: Any) -> str:
+    """The attention kernel the trainer runs, chosen explicitly (transformers' own default may pick a
+    path that materialises a T x T mask): flash-attention 2 on a GPU that has the package (varlen over
+    packed rows, memory linear in the length), otherwise PyTorch's SDPA."""
+    from transformers.utils import import_utils as iu
+
+    cuda = getattr(device, "type", device) == "cuda"
+    return "flash_attention_2" if cuda and iu.is_flash_attn_2_available() else "sdpa"
+
+
+def load_model(path: str | Path, dtype: Any = None, attn_implementation: str | None = None) -> Any:
     """AutoModelForCausalLM (a multimodal Qwen3.5 checkpoint loads as its text-only LM)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return _pretrained(AutoModelForCausalLM, path, dtype=dtype or torch.float32)
+    kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return _pretrained(AutoModelForCausalLM, path, dtype=dtype or torch.float32, **kw)
 
 
 @dataclasses.dataclass
@@ -2204,16 +2215,43 @@ def shard_model(model: Any, mixed_precision: bool = False) -> Any:
     return model
 
 
-# placeholder: replaced by the meta-device loader (issue 37)
 def load_model_sharded(path: str | Path, device: Any, world: int, *, dtype: Any = None,
                        mixed_precision: bool = False, activation_checkpointing: bool = False) -> Any:
-    """The model on `device`, FSDP2-sharded when world > 1, with HF gradient checkpointing when asked."""
-    model = load_model(path, dtype)
+    """The model to train, on `device`, FSDP2-sharded when world > 1 (a plain load otherwise), with
+    the attention kernel named by attention_implementation and HF's per-block activation
+    checkpointing when asked. Sharded, it is built on the meta device on every rank (no memory),
+    sharded, then materialised as shards only: rank 0 alone reads the checkpoint (every rank
+    loading the full fp32 model would take ~36 GB of host memory each at 9B, ~290 GB on an
+    8-GPU node) and its tensors are broadcast, each rank keeping its shard. Buffers that are not
+    in the checkpoint (rotary inv_freq, which to_empty leaves as garbage) come from rank 0 too."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    attn = attention_implementation(device)
+    if world == 1:
+        model = load_model(path, dtype, attn)
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.to(device)
+    full = load_model(path, dtype, attn) if dist.get_rank() == 0 else None  # the node's one read
+    spec = [(type(full), full.config) if full is not None else None]
+    dist.broadcast_object_list(spec, src=0)  # the loaded class and config: a multimodal folder's text LM
+    cls, config = spec[0]
+    with torch.device("meta"):
+        model = cls._from_config(config, dtype=dtype or torch.float32, attn_implementation=attn)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
-    if world > 1:
-        shard_model(model, mixed_precision)
+    shard_model(model, mixed_precision=mixed_precision)
+    model.to_empty(device=device)
+    set_model_state_dict(model, full.state_dict() if full is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if full is not None:
+                buf.copy_(full.get_buffer(name))
+            dist.broadcast(buf, src=0)
+    del full
     return model
 
 
@@ -2272,33 +2310,46 @@ def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: 
 
 def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
     """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
-    0 elsewhere (callers multiply by the mask). Differentiable. The lm_head runs only at positions
-    predicting a trained token (logits_to_keep takes an index tensor): a 32k context with a 248k
-    vocabulary would otherwise materialise tens of GB of logits. The fp32 log-softmax runs chunk by chunk
-    under activation checkpointing for the same reason."""
+    0 elsewhere (callers multiply by the mask). Differentiable. Full-vocabulary logits of a long row
+    never exist at once: the model runs to its final hidden states, only at positions predicting a
+    trained token (logits_to_keep takes an index tensor), and its lm_head + the fp32 log-softmax run
+    `chunk` positions at a time, each chunk under activation checkpointing, so forward and backward
+    hold one chunk's logits (chunk x vocab) at a time. A 32k-token row with a 248k vocabulary would
+    otherwise hold ~16 GB of bf16 logits, twice that in fp32, and as much again for their gradient.
+    The chunked head runs inside the model's own forward (its lm_head's forward is swapped for the
+    call), so FSDP's gather of the lm_head weight and its gradient reduction stay as they are."""
     import torch
+    import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
 
     ids = batch["input_ids"]
     keep = batch["loss_mask"][:, 1:].any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
+    targets = ids[:, keep + 1]
     kw: dict[str, Any] = {}
     if batch.get("cu_seqlens") is not None:
         cu, n = batch["cu_seqlens"], batch["max_len"]
         kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
         if "linear_attention" in (getattr(text_config(model), "layer_types", None) or []):
             kw["seq_idx"] = batch["seq_idx"]
-    logits = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=keep, use_cache=False, **kw).logits  # [B, K, V]
-    targets = ids[:, keep + 1]
+    head = model.get_output_embeddings()
 
-    def logp(lg: Any, tg: Any) -> Any:
-        lg = lg.float() / temperature
+    def logp(h: Any, tg: Any) -> Any:
+        lg = F.linear(h, head.weight, head.bias).float() / temperature
         return lg.gather(-1, tg[..., None])[..., 0] - lg.logsumexp(-1)
 
-    parts = [checkpoint(logp, logits[:, s:s + chunk], targets[:, s:s + chunk], use_reentrant=False)
-             for s in range(0, max(len(keep), 1), chunk)]
+    def chunked_head(hidden: Any) -> Any:  # [B, K, H] -> [B, K] log-probs of the targets
+        spans = range(0, max(hidden.shape[1], 1), chunk)
+        return torch.cat([checkpoint(logp, hidden[:, s:s + chunk], targets[:, s:s + chunk],
+                                     use_reentrant=False) for s in spans], 1)
+
+    head.forward = chunked_head
+    try:
+        lp = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep, use_cache=False, **kw).logits
+    finally:
+        del head.forward
     out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    return out.index_copy(1, keep + 1, torch.cat(parts, 1))
+    return out.index_copy(1, keep + 1, lp)
 
 
 def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -> None:

@@ -141,6 +141,35 @@ def test_tokenising_with_workers_matches_serial(models, tmp_path):
     assert serial[0][0].tolist() == full.ids and serial[0][1].tolist() == full.mask
 
 
+FD_SCRIPT = """
+import importlib, os, sys
+sys.path.insert(0, os.getcwd())
+import common as C
+sft = importlib.import_module("02_sft")
+data, model, out = sys.argv[1:]
+cfg = sft.Config(data=data, max_len=4096, tokenize_workers=2)
+rows = sft.load_rows(cfg.data, cfg.all_assistant)
+traces, stats = sft.tokenize_rows(cfg, rows, C.load_tokenizer(model), sys.modules["pathlib"].Path(out), 0, 1)
+print(len(traces), len(os.listdir("/proc/self/fd")))
+"""
+
+
+def test_two_thousand_rows_tokenise_with_workers_under_256_descriptors(models, tmp_path):
+    """Workers hand rows back as numpy arrays: torch tensors would come back as shared memory, one
+    open descriptor per row in the parent (a pool of 2,000 rows died under ulimit -n 256)."""
+    import resource
+
+    rows = [make_row(i, fail=["ls"], fix=["echo ok"]) for i in range(2000)]
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    cap = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))  # noqa: E731  (ulimit -n 256)
+    args = [str(path), str(models["qwen3"]), str(tmp_path / "out")]
+    res = subprocess.run([sys.executable, "-c", FD_SCRIPT, *args], cwd=ROOT, preexec_fn=cap,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows, fds = map(int, res.stdout.split()[-2:])
+    assert rows == 2000 and fds < 64, res.stdout
+
+
 def test_best_fit_packing_and_buckets():
     lengths = [9, 7, 5, 4, 3, 2, 2]
     bins = sft.best_fit(lengths, 10, list(range(7)))
@@ -223,16 +252,53 @@ def test_resume_is_exact(models, data, tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_torchrun_two_processes_equal_one(models, data, tmp_path):
-    flags = ["--max-steps", "3", "--lr", "1e-3"]
-    run(data, models["qwen3_5"], tmp_path / "one", *flags, "--grad-accum", "2")
+def test_torchrun_two_processes_with_accumulation_and_resume_equal_one(models, data, tmp_path):
+    """2 gloo ranks x --grad-accum 2 with activation checkpointing (model built on the meta device,
+    filled from rank 0's read), stopped after a step and resumed, == 1 process x --grad-accum 4."""
+    flags = ["--max-steps", "3", "--lr", "1e-3", "--activation-checkpointing"]
+    run(data, models["qwen3_5"], tmp_path / "one", *flags, "--grad-accum", "4")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "02_sft.py",
-                    "--data", str(data), "--model", str(models["qwen3_5"]), "--out", str(tmp_path / "two"),
-                    *TINY, *flags, "--grad-accum", "1"], cwd=ROOT, env=env, check=True, timeout=300)
-    assert losses(tmp_path / "one") == pytest.approx(losses(tmp_path / "two"), rel=1e-4)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "02_sft.py",
+           "--data", str(data), "--model", str(models["qwen3_5"]), "--out", str(tmp_path / "two"),
+           *TINY, *flags, "--grad-accum", "2"]
+    subprocess.run([*cmd, "--stop-after", "1"], cwd=ROOT, env=env, check=True, timeout=300)
+    assert len(losses(tmp_path / "two")) == 1 and not (tmp_path / "two" / "final").exists()
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=300)
+    assert losses(tmp_path / "one") == pytest.approx(losses(tmp_path / "two"), abs=1e-5, rel=0)
     w1, w2 = (load_file(tmp_path / r / "final" / "model.safetensors") for r in ("one", "two"))
-    assert all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
+    assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], rtol=0, atol=1e-5) for k in w1)
+
+
+SYNC_SCRIPT = """
+import importlib, json, os, sys
+sys.path.insert(0, os.getcwd())
+sft = importlib.import_module("02_sft")
+loss, found = sft.sft_loss, []
+
+def spy(model, batch, n_tokens, world):  # before micro-batch k: what micro-batch k - 1 left behind
+    found.append([p.grad is not None and p.grad.to_local().numel() < p.numel() for p in model.parameters()])
+    return loss(model, batch, n_tokens, world)
+
+sft.sft_loss = spy
+sft.main(sys.argv[2:])
+open(f"{sys.argv[1]}.{os.environ['RANK']}", "w").write(json.dumps(found))
+"""
+
+
+def test_sharded_gradients_are_reduced_after_every_micro_batch(models, data, tmp_path):
+    """Under FSDP each micro-batch's gradient is reduce-scattered into the sharded fp32 gradient at
+    once: deferring the sync to the step's last micro-batch would keep an unsharded fp32 gradient
+    of the whole model alive between micro-batches (~36 GB per GPU at 9B)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = tmp_path / "spy.py"
+    script.write_text(SYNC_SCRIPT)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+                    str(tmp_path / "found"), "--data", str(data), "--model", str(models["qwen3"]),
+                    "--out", str(tmp_path / "run"), *TINY, "--max-steps", "1", "--grad-accum", "2"],
+                   cwd=ROOT, env=env, check=True, timeout=300)
+    for rank in (0, 1):
+        first, second = json.loads((tmp_path / f"found.{rank}").read_text())
+        assert not any(first) and all(second), second  # nothing before; every gradient sharded after one
 
 
 # ── bad input ───────────────────────────────────────────────────────────────
