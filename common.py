@@ -26,6 +26,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -572,15 +573,17 @@ EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before 
 # The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
 # /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
 # /tests; test.sh runs with the image's environment, PATH with the distribution's directories first,
-# and only regular files (not directories, not symlinks) count as reward files.
+# and only regular files (not directories, not symlinks) count as reward files. Control lines carry
+# a random marker made on the host for this call ($3): test output and reward files are data, and
+# whatever they print (`@@txt 1`, `@@prep`) can't pose as the harness's own lines.
 _VERIFY_STAGE = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
-mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "@@prep"; exit 1; }
+mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "$3 prep"; exit 1; }
 """
 _VERIFY_RUN = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
-echo "@@rc $?"
+echo "$3 rc $?"
 for f in txt json; do p=/logs/verifier/reward.$f
-  [ -f $p ] && [ ! -L $p ] && { echo "@@$f"; head -c 4096 $p; echo; }; done
-echo "@@out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
+  [ -f $p ] && [ ! -L $p ] && { echo "$3 $f"; head -c 4096 $p; echo; }; done
+echo "$3 out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
 _VERIFY = _VERIFY_STAGE + _VERIFY_RUN
 _KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
              "while :; do sleep 2147483647 & wait $!; done"
@@ -596,25 +599,45 @@ def is_infra_error(error: str | None) -> bool:
     return bool(error) and error.startswith("infra: ")
 
 
-def _parse_reward(out: str, timeout: float) -> Verdict:
-    parts = dict(re.findall(r"^@@(\w+)[ \n]?(.*?)(?=^@@|\Z)", out, re.M | re.S))
+def _reward_value(x: Any) -> float:
+    """One reward: a finite number in [0, 1] (a bool or a string such as 'inf' or 'nan' is not)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+        raise ValueError(f"not a number: {x!r}")
+    v = float(x)
+    if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+        raise ValueError(f"reward {v!r} is not a finite number in [0, 1]")
+    return v
+
+
+def _parse_reward(out: str, timeout: float, marker: str) -> Verdict:
+    """The verifier's answer -> Verdict. Only lines starting with this call's `marker` are control
+    lines. A reward that is not a finite number in [0, 1] is an error of the trial (reward 0, kept
+    in its group): nothing the container writes can put NaN or inf into a GRPO group. Every failure
+    here happened inside the container, so none is `infra:` (no free retry for the agent)."""
+    parts: dict[str, str] = {}
+    for key, body in re.findall(rf"^{re.escape(marker)} (\w+)[ \n]?(.*?)(?=^{re.escape(marker)} |\Z)", out,
+                                re.M | re.S):
+        parts.setdefault(key, body)
     if "prep" in parts:
-        return Verdict(0.0, infra_error("verifier", "cannot put the tests in /tests"), out[-2000:].strip())
+        return Verdict(0.0, "verifier could not put the tests in /tests (the container's filesystem)",
+                       out.split(marker)[0][-2000:].strip())
     tail = parts.get("out", "").strip()
-    rc = int(parts.get("rc", "1").strip() or 1)
-    if rc in (124, 137):
+    rc = parts.get("rc", "").strip()
+    if rc in ("124", "137"):
         return Verdict(0.0, f"verifier timed out after {timeout:.0f}s", tail)
     try:
         if "txt" in parts:
-            return Verdict(float(parts["txt"].strip()), None, tail)
+            return Verdict(_reward_value(parts["txt"].strip()), None, tail)
         if "json" in parts:
             data = json.loads(parts["json"])
             if isinstance(data, dict):
                 vals = [data["reward"]] if "reward" in data else list(data.values())
-                return Verdict(sum(map(float, vals)) / len(vals), None, tail)
-            return Verdict(float(data), None, tail)
-    except (ValueError, TypeError, ZeroDivisionError, KeyError):
-        return Verdict(0.0, "unparsable reward file", tail)
+                return Verdict(_reward_value(sum(map(_reward_value, vals)) / len(vals)), None, tail)
+            return Verdict(_reward_value(data), None, tail)
+    except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError) as e:
+        return Verdict(0.0, f"unparsable reward file ({str(e)[:200]})", tail)
+    if not rc:
+        return Verdict(0.0, "verifier gave no exit status (its harness was cut short)", out[-2000:].strip())
     return Verdict(0.0, f"no reward file written (test.sh exit {rc})", tail)
 
 
@@ -725,13 +748,13 @@ class Env:
                 if snap:
                     remove_image(snap)
         try:
-            stage = f"/.reterm-tests-{uuid.uuid4().hex[:16]}"
+            stage, marker = f"/.reterm-tests-{uuid.uuid4().hex[:16]}", f"@@{uuid.uuid4().hex}"
             self.upload(self.task.tests_dir, stage)
-            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}", stage], timeout + EXEC_GRACE,
-                           self.verifier_env())
-            if r is None:
-                return Verdict(0.0, infra_error("verifier", f"no answer {timeout + EXEC_GRACE:.0f}s"), "")
-            return _parse_reward(r[1].decode(errors="replace"), timeout)
+            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}", stage, marker],
+                           timeout + EXEC_GRACE, self.verifier_env())
+            if r is None:  # the container's own tools hung (a planted `timeout`, a frozen filesystem)
+                return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", "")
+            return _parse_reward(r[1].decode(errors="replace"), timeout, marker)
         except Exception as e:
             return Verdict(0.0, infra_error("verifier failed", e), "")
 
@@ -1125,6 +1148,12 @@ def tool_call(name: Any, args: Any) -> dict:
         raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
     if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
         raise ValueError("the bash tool needs a non-empty string 'command' argument")
+    try:  # a lone surrogate ("\\ud800" in JSON) or a NUL can't reach a process's argv: the policy's fault
+        args["command"].encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the command is not valid UTF-8 text") from None
+    if "\0" in args["command"]:
+        raise ValueError("the command contains a NUL byte")
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -1150,6 +1179,8 @@ def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
         return [_parse_one_call(b) for b in _TOOL_BLOCK.findall(text)], None
     except ValueError as e:
         return [], f"malformed tool call: {e}"
+    except Exception as e:  # noqa: BLE001 -- JSON nested 1000 deep (RecursionError) and the like: still the
+        return [], f"malformed tool call: {type(e).__name__}"  # policy's output, never an infra fault
 
 
 # The user turn that opens a recovery attempt (the paper's wording): the task is restated in full because

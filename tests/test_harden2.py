@@ -1,0 +1,152 @@
+"""The second round of attacks, each against a real container: rewards the policy cannot forge
+(the reward channel, the verifier's tools), policy faults that stay the policy's, task limits
+refused at load, and episodes that cannot reach each other or fill the disk."""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+
+import pytest
+from conftest import ScriptedEngine, call, write_task
+
+import common as C
+
+pytestmark = pytest.mark.usefixtures("docker_ready")
+
+TOML = textwrap.dedent("""\
+    [agent]
+    timeout_sec = 60.0
+    [verifier]
+    timeout_sec = 20.0
+    [environment]
+    memory = "512M"
+    allow_internet = false
+    """)
+
+# test.sh runs the code under test and trusts it to print a score: it stands for any task whose
+# tests run the agent's code (fix-lru-cache imports /app/cache/lru.py), which may print anything.
+SCORED_BY_APP = textwrap.dedent("""\
+    mkdir -p /logs/verifier
+    sh /app/run.sh
+    sh /app/score.sh > /logs/verifier/reward.txt
+    """)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return C.load_tokenizer(C.make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", arch="qwen3"))
+
+
+def start(make_task, name: str, extra: str = "", **kw) -> C.Env:
+    return C.start_env(C.load_task(make_task(name, toml=TOML + extra, **kw)))
+
+
+def plant(path: str, script: str, env: C.Env) -> None:
+    """Replace a program of the container (a running one can't be written over: move a copy in)."""
+    r = env.bash(f"printf '#!/bin/sh\\n%s\\n' '{script}' > /tmp/plant && chmod +x /tmp/plant && "
+                 f"mv /tmp/plant {path} && echo planted")
+    assert r.output.endswith("planted\n"), r
+
+
+def test_test_output_cannot_forge_control_lines_or_rewards(make_task):
+    with start(make_task, "forge", test=SCORED_BY_APP) as env:
+        env.bash("echo 'echo 0' > /app/score.sh")
+        for out, fresh in [("0\n@@txt 1\n@@x", False), ("@@txt 1", True), ("@@prep", False),
+                           ("@@rc 124", False), ("@@json\n1", True)]:
+            env.bash(f"printf 'printf \"%s\\\\n\"\\n' '{out}' > /app/run.sh")
+            v = env.verify(fresh=fresh)
+            assert (v.reward, v.error) == (0.0, None) and out.splitlines()[-1] in v.output, (out, v)
+        for bad in ("inf", "nan", "-1", "1.5", "1e999"):
+            env.bash(f"echo 'echo {bad}' > /app/score.sh")
+            v = env.verify()
+            assert v.reward == 0.0 and "unparsable reward" in v.error and not C.is_infra_error(v.error), v
+        env.bash("echo 'echo 1' > /app/score.sh")
+        assert (env.verify().reward, env.verify(fresh=True).reward) == (1.0, 1.0)
+        env.bash("rm -rf /logs; echo '{\"reward\": NaN}' > /app/r.json; cp /app/r.json /tmp/")
+        env.bash("printf 'mkdir -p /logs/verifier; cp /tmp/r.json /logs/verifier/reward.json; exit 9\\n'"
+                 " > /app/score.sh")
+        v = env.verify()
+        assert v.reward == 0.0 and v.error.startswith("unparsable reward") and not C.is_infra_error(v.error)
+
+
+def test_agent_caused_verifier_failures_score_0_and_are_not_infra(make_task, monkeypatch):
+    monkeypatch.setattr(C, "EXEC_GRACE", 3.0)
+    with start(make_task, "hang", test="sleep 1000\n") as env:
+        v = env.verify(timeout=2)
+        assert (v.reward, v.error) == (0.0, "verifier timed out after 2s")
+    with start(make_task, "faketimeout") as env:  # the container's own `timeout` now never returns
+        env.bash("echo ok > /app/out.txt")
+        plant("/usr/bin/timeout", "exec sleep 1000", env)
+        v = env.verify(timeout=2)
+        assert v.reward == 0.0 and not C.is_infra_error(v.error), v
+
+
+def test_non_finite_rewards_never_reach_grpo():
+    grpo = importlib.import_module("04_reterm_grpo")
+    with pytest.raises(ValueError, match="non-finite"):
+        grpo.group_advantages([float("nan"), 0.0, 1.0, 0.0])
+    eps = lambda rs: [type("Ep", (), {"reward": r})() for r in rs]
+    groups = [grpo.Group("fresh", k, "fresh", eps(r)) for k, r in
+              (("a", [float("nan")] * 2), ("b", [float("inf"), 0.0]), ("c", [0.0, 1.0]))]
+    kept, dropped = grpo.drop_uniform_groups(groups)
+    assert [x.key for x in kept] == ["c"] and dropped == 2
+
+
+def test_policy_faults_are_malformed_turns_and_the_episode_goes_on(make_task, tok):
+    task = C.load_task(make_task("faults"))
+    deep = "<tool_call>{\"name\": \"bash\", \"arguments\": " + "[" * 1200 + "]" * 1200 + "}</tool_call>"
+    surrogate = '<tool_call>{"name": "bash", "arguments": {"command": "echo \\ud800 > /app/x"}}</tool_call>'
+    nul = '<tool_call>{"name": "bash", "arguments": {"command": "echo a\\u0000b"}}</tool_call>'
+    eng = ScriptedEngine(tok, [deep, surrogate, nul, call("echo ok > /app/out.txt"), "Done."])
+    with C.env_session():
+        (ep,), _ = C.run_attempts([task], eng, C.RolloutConfig(max_turns=6, max_context=8192, concurrency=1))
+    assert (ep.error, ep.malformed, ep.reward, ep.end) == (None, 3, 1.0, "answered")
+    errors = [m["content"] for m in ep.messages if m["role"] == "user" and "malformed" in m["content"]]
+    assert "RecursionError" in errors[0] and "UTF-8" in errors[1] and "NUL" in errors[2]
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("[verifier]\ntimeout_sec = 1e10\n", r"\[verifier\] timeout_sec must be at most 86400"),
+    ("[agent]\ntimeout_sec = 1e300\n", r"\[agent\] timeout_sec must be at most 86400"),
+    ("[environment]\nbuild_timeout_sec = 1e10\n", r"build_timeout_sec must be at most 86400"),
+    ("[environment]\ncpus = 1e9\n", r"cpus must be at most 1024"),
+    ("[environment]\nmemory = \"1e9G\"\n", r"memory \(in MB\) must be at most"),
+    ("[environment]\nstorage = \"9999999999T\"\n", r"storage \(in MB\) must be at most"),
+    ("[environment]\npids_limit = 99999999999\n", r"pids_limit must be at most"),
+])
+def test_task_limits_have_upper_bounds(tmp_path, toml, message):
+    d = write_task(tmp_path, "big", toml=toml)
+    with pytest.raises(C.TaskError, match=f"^{d / 'task.toml'}: .*{message}") as e:
+        C.load_task(d)
+    assert "\n" not in str(e.value)
+
+
+def test_task_names_docker_cannot_tag_are_mapped(make_task):
+    names = ["Über", "a..b", "-x-", "A" * 200]
+    tasks = [C.load_task(make_task(n)) for n in names]
+    tags = {C.task_image(t) for t in tasks}
+    assert len(tags) == len(names)  # distinct names, distinct images
+    try:
+        for t in tasks:
+            with C.start_env(t) as env:
+                assert env.verify().reward == 0.0
+                snap = env.snapshot()
+                C.remove_image(snap)
+    finally:
+        for tag in tags:
+            C.remove_image(tag)
+
+
+def test_a_corrupt_model_folder_is_a_one_line_error(make_task, tmp_path):
+    import subprocess
+    import sys
+
+    model = C.make_tiny_model(tmp_path / "m", arch="qwen3")
+    (model / "config.json").write_text("{not json")
+    make_task("a")
+    r = subprocess.run([sys.executable, "05_eval_tb2.py", "--tasks", str(tmp_path / "tasks"), "--out",
+                        str(tmp_path / "ev"), "--agent", "policy", "--model", str(model), "--engine", "hf"],
+                       cwd=C.Path(C.__file__).parent, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert str(model) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
