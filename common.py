@@ -208,22 +208,34 @@ class Task:
         return self.path / "solution"
 
 
-def _positive(value: Any, where: str, kind: type = float) -> Any:
-    """A limit must be a positive, finite number: 0 or a negative value would silently mean *no*
-    limit or break every command, so they are refused at load time with the key's name."""
+# Upper bounds on task limits: a value past these is a typo or an attack, and a huge one (1e10 s)
+# overflows the Docker client's socket timeout inside the *shared* client, breaking every other task.
+MAX_TIMEOUT_SEC = 86_400.0  # a day; TB2's longest limit is 12,000 s
+MAX_CPUS = 1024.0  # a guess past any single machine we know of
+MAX_MB = 16 * 1024 * 1024  # 16 TiB of memory or storage: a guess past any single machine
+MAX_PIDS = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
+
+
+def _positive(value: Any, where: str, kind: type = float, most: float = float("inf")) -> Any:
+    """A limit must be a positive, finite number no larger than `most`: 0 or a negative value would
+    silently mean *no* limit or break every command, so they are refused at load time with the
+    key's name, as are values past the bound."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
     if not ok or (kind is int and value != int(value)):
         raise TaskError(f"{where} must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
+    if value > most:
+        raise TaskError(f"{where} must be at most {most:g}, got {value!r}")
     return kind(value)
 
 
 def _size_mb(value: Any, where: str) -> int:
     """'2G' / '512M' / '1024' / 2048 -> megabytes (TB2 writes memory = "2G"); must be > 0."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.I)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.I)
     if isinstance(value, bool) or not m:
         raise TaskError(f"{where}: cannot parse size {value!r} (expected e.g. '2G' or '512M')")
     scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
-    return _positive(int(float(m.group(1)) * scale), f"{where} (in MB)", int)
+    mb = float(m.group(1)) * scale
+    return _positive(int(mb) if mb < float("inf") else mb, f"{where} (in MB)", int, MAX_MB)
 
 
 _KNOWN = {
@@ -260,8 +272,8 @@ def load_task(path: str | Path) -> Task:
         if unknown:
             extra[sec] = unknown
     storage = env.get("storage_mb", env.get("storage"))
-    num = lambda sec, d, key, dflt, kind=float: _positive(d.get(key, dflt), f"{toml_path}: [{sec}] {key}",
-                                                          kind)
+    num = lambda sec, d, key, dflt, kind=float, most=MAX_TIMEOUT_SEC: _positive(
+        d.get(key, dflt), f"{toml_path}: [{sec}] {key}", kind, most)
     for sec, key, tp in (("environment", "docker_image", str), ("environment", "workdir", str),
                          ("environment", "allow_internet", bool), ("metadata", "tags", list)):
         if not isinstance(cfg.get(sec, {}).get(key, tp()), tp):
@@ -273,8 +285,8 @@ def load_task(path: str | Path) -> Task:
         agent_timeout_sec=num("agent", agent, "timeout_sec", 600.0),
         verifier_timeout_sec=num("verifier", verifier, "timeout_sec", 600.0),
         build_timeout_sec=num("environment", env, "build_timeout_sec", 600.0),
-        cpus=num("environment", env, "cpus", 1.0),
-        pids_limit=num("environment", env, "pids_limit", 1024, int),
+        cpus=num("environment", env, "cpus", 1.0, most=MAX_CPUS),
+        pids_limit=num("environment", env, "pids_limit", 1024, int, MAX_PIDS),
         memory_mb=_size_mb(env.get("memory_mb", env.get("memory", 2048)),
                            f"{toml_path}: [environment] memory"),
         storage_mb=None if storage is None else _size_mb(storage, f"{toml_path}: [environment] storage"),
@@ -451,6 +463,17 @@ def _pull(image: str, timeout: float, host: str | None = None) -> None:
         raise box[0]
 
 
+def image_name(task_name: str) -> str:
+    """A Docker repository component for any task name: the name itself where Docker takes it
+    ('fix-lru-cache'), else ('Über', 'a..b', 200 characters) lower-case alphanumerics joined by
+    dashes, at most 40, plus 8 hex digits of the name's hash, so that two names mapping to the same
+    letters ('A b', 'a-b') still get their own images."""
+    if re.fullmatch(r"[a-z0-9]+(?:-+[a-z0-9]+)*", task_name) and len(task_name) <= 64:
+        return task_name
+    slug = re.sub(r"[^a-z0-9]+", "-", task_name.lower()).strip("-")[:40].strip("-") or "task"
+    return f"{slug}-{hashlib.sha256(task_name.encode()).hexdigest()[:8]}"
+
+
 def task_image(task: Task, host: str | None = None) -> str:
     """The task's image. A pinned `docker_image` runs as published: present, or pulled within the
     task's build_timeout_sec, or EnvError -- never a silent build of environment/, which may differ
@@ -471,7 +494,7 @@ def task_image(task: Task, host: str | None = None) -> str:
                            "instead") from None
         return task.docker_image
     ensure_docker_timeout(task.build_timeout_sec + 60)
-    tag = f"reterm-task/{re.sub(r'[^a-z0-9._-]', '-', task.name.lower())}:{_dir_hash(task.env_dir)[:12]}"
+    tag = f"reterm-task/{image_name(task.name)}:{_dir_hash(task.env_dir)[:12]}"
     with _client_lock:
         lock = _build_locks.setdefault(tag, threading.Lock())
     with lock:
@@ -723,7 +746,7 @@ class Env:
     def snapshot(self, keep: bool = False) -> str:
         """Commit the container's filesystem to a labelled image (call before verify). Non-strict:
         running processes and sockets are lost, only files (incl. the bash tool's cwd/env) persist."""
-        repo, t = "reterm-snap/" + re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower()), uuid.uuid4().hex[:16]
+        repo, t = "reterm-snap/" + image_name(self.task.name), uuid.uuid4().hex[:16]
         labels = " ".join(f"{k}={v}" for k, v in {"reterm.kind": "snapshot", "reterm.keep": int(keep),
                                                    "reterm.run": RUN_ID, **_OWNER}.items())
         self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])

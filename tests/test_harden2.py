@@ -149,4 +149,5 @@ def test_a_corrupt_model_folder_is_a_one_line_error(make_task, tmp_path):
                         str(tmp_path / "ev"), "--agent", "policy", "--model", str(model), "--engine", "hf"],
                        cwd=C.Path(C.__file__).parent, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert str(model) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {model}: cannot load the model (") and "config.json" in last, r.stderr[-2000:]
