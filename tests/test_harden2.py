@@ -150,4 +150,4 @@ def test_a_corrupt_model_folder_is_a_one_line_error(make_task, tmp_path):
                        cwd=C.Path(C.__file__).parent, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: {model}: cannot load the model (") and "config.json" in last, r.stderr[-2000:]
+    assert last.startswith(f"error: {model}: cannot load the model (") and "config.json" in last, last
