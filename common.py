@@ -573,7 +573,7 @@ else head -c $h $o/h; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h))
 [ -e $o/disk ] && printf '\\n[killed: wrote more than %d MB to disk in one command]\\n' $(($4 / 1024))
 [ -e $o/fin ] && rm -rf $o
 exit $rc"""
-_INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1
+_INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
 if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$S/cmd.$1); command -p rm -f $S/cmd.$1; fi
 [ -f $S/env ] && . $S/env >/dev/null 2>&1
 export RETERM_CMD=$__rt_id
@@ -610,6 +610,88 @@ echo "$3 out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
 _VERIFY = _VERIFY_STAGE + _VERIFY_RUN
 _KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
              "while :; do sleep 2147483647 & wait $!; done"
+
+
+# Trusted verification. The agent is root in its container: it can replace /usr/sbin/python3, drop a
+# .pth hook into site-packages, or plant a `timeout` that never returns, and a verifier that runs
+# the container's own programs then reports whatever the agent wants. So the verifier runs on a
+# project-owned toolchain instead: the bundled tasks' base layer (Debian's bash, coreutils,
+# python3, git, sqlite3, jq...) copied once per engine into a Docker volume and mounted read-only at
+# TOOLS in every container of a task built from environment/ (a pinned TB2 image verifies Harbor's
+# way, with the image's own tools: our Python can't stand in for its interpreter). Every program of
+# the toolchain is reached through a wrapper first on PATH that starts it with the toolchain's own
+# dynamic loader and libraries, so a replaced /lib64/ld-linux*.so or libc in the container is never
+# loaded for them; Python runs from the toolchain's prefix and reads only its own site-packages
+# (the agent's package folders are appended after them, without their .pth files, so packages a
+# solution installed still import). What stays the agent's: the code under test, programs the tests
+# call by an absolute path (/bin/sh of `subprocess(shell=True)`), and anything test.sh downloads.
+TOOLS = "/.reterm-tools"
+_TOOLS_LIBS = f"{TOOLS}/.reterm/lib:{TOOLS}/lib:{TOOLS}/local/lib"
+_TOOLCHAIN_DOCKERFILE = f"""FROM {BASE_IMAGE}
+RUN apt-get update && apt-get install -y --no-install-recommends python3 git procps jq sqlite3 bc file \
+ca-certificates && rm -rf /var/lib/apt/lists/*
+"""  # the bundled tasks' first two lines, byte for byte: the layer cache builds it once for all
+# Runs once in a toolchain container whose /usr is the (empty, so Docker fills it) volume: copy the
+# loader, link the library folder, write one wrapper per program, then mark the volume complete.
+_TOOLCHAIN_SETUP = r"""set -e; T=$1; L=$2; R=/usr/.reterm; rm -rf $R; mkdir -p $R/bin
+ld=$(readlink -f /lib64/ld-linux-x86-64.so.2 || readlink -f /lib/ld-linux-aarch64.so.1); cp "$ld" $R/ld.so
+lib=$(dirname "$ld"); ln -s "../${lib#/usr/}" $R/lib
+v=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+printf '%s\n' /usr/local/lib/python$v/dist-packages /usr/local/lib/python$v/site-packages \
+  /usr/lib/python3/dist-packages >/usr/lib/python3/dist-packages/zz-reterm-agent-packages.pth
+for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin; do for f in $d/*; do
+  [ -x "$f" ] && [ ! -d "$f" ] && n=${f##*/} && [ ! -e $R/bin/$n ] || continue
+  t=$(readlink -f "$f"); case $t in /usr/*) ;; *) continue;; esac
+  printf '#!%s %s\nexec %s --library-path %s %s "$@"\n' $T/.reterm/ld.so $T/bin/bash $T/.reterm/ld.so $L \
+    "$T/${t#/usr/}" >$R/bin/$n; chmod 755 $R/bin/$n; done; done
+touch $R/complete"""
+_toolchains: dict[str | None, str | None] = {}
+_toolchain_lock = threading.Lock()
+
+
+def toolchain(host: str | None = None) -> str | None:
+    """The engine's toolchain volume (made on first use: ~50 s to build the layer if no bundled task
+    has, ~15 s to fill the volume), or None where it can't be made (an engine without the
+    distribution's package mirror): its tasks then verify with their own tools, said once."""
+    import docker
+
+    with _toolchain_lock:
+        if host in _toolchains:
+            return _toolchains[host]
+        client, h = docker_client(host), hashlib.sha256((_TOOLCHAIN_DOCKERFILE + _TOOLCHAIN_SETUP).encode())
+        tag, vol = f"reterm-toolchain:{h.hexdigest()[:12]}", f"reterm-toolchain-{h.hexdigest()[:12]}"
+        try:
+            try:
+                client.images.get(tag)
+            except docker.errors.ImageNotFound:
+                client.images.build(fileobj=io.BytesIO(_TOOLCHAIN_DOCKERFILE.encode()), tag=tag, rm=True,
+                                    forcerm=True, labels={LABEL: "1", "reterm.kind": "toolchain"})
+            if not _volume_complete(client, tag, vol):
+                with suppress(docker.errors.NotFound):
+                    client.volumes.get(vol).remove(force=True)
+                client.volumes.create(vol, labels={LABEL: "1", "reterm.kind": "toolchain"})
+                client.containers.run(tag, ["bash", "-c", _TOOLCHAIN_SETUP, "setup", TOOLS, _TOOLS_LIBS],
+                                      volumes={vol: {"bind": "/usr", "mode": "rw"}}, remove=True,
+                                      network_mode="none", labels={LABEL: "1"})
+            _toolchains[host] = vol
+        except Exception as e:  # noqa: BLE001 -- any failure leaves the engine without a toolchain
+            log0(f"warning: no trusted toolchain on {host or 'the default engine'} ({type(e).__name__}: "
+                 f"{str(e)[:200]}); its tasks verify with their own tools")
+            _toolchains[host] = None
+        return _toolchains[host]
+
+
+def _volume_complete(client: Any, tag: str, vol: str) -> bool:
+    """Whether the volume exists and its setup ran to the end (a crash half-way leaves no mark)."""
+    import docker
+
+    try:
+        client.volumes.get(vol)
+        client.containers.run(tag, ["test", "-e", "/t/.reterm/complete"], remove=True, network_mode="none",
+                              volumes={vol: {"bind": "/t", "mode": "ro"}}, labels={LABEL: "1"})
+        return True
+    except (docker.errors.NotFound, docker.errors.ContainerError):
+        return False
 
 
 def infra_error(what: str, e: BaseException | str) -> str:
@@ -668,8 +750,9 @@ class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
     def __init__(self, container: Any, task: Task, image: str, internet: bool = False,
-                 host: str | None = None):
+                 host: str | None = None, trusted: bool = False):
         self.container, self.task, self.image, self.internet = container, task, image, internet
+        self.trusted = trusted  # the toolchain is mounted at TOOLS: the verifier runs on it
         self.host = host  # the engine it runs on (None: the default one)
         self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
@@ -711,16 +794,31 @@ class Env:
         if len(command.encode()) > _ARGV_MAX:
             self._put(f"{_STATE}/cmd.{cid}", command.encode())
             command = ""
-        argv = ["bash", "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
+        argv = [*self._shell(), "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
                 str(max_bytes), str(cap_kb), self.path, _INNER, command]
-        r = self._exec(argv, timeout + EXEC_GRACE)
+        r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env())
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
             with suppress(EnvError):
-                self._exec(["bash", "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE)
+                self._exec([*self._shell(), "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE,
+                           self._harness_env())
             return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
                              124, True, time.monotonic() - t0)
         dt = time.monotonic() - t0
         return CmdResult(r[1].decode(errors="replace"), r[0], r[0] in (124, 137) and dt >= timeout, dt)
+
+    def _shell(self) -> list[str]:
+        """The harness's bash: the toolchain's, through its own loader, where one is mounted (a
+        planted `timeout`, `stat` or `tail` can't stop the tool or its disk watchdog)."""
+        if not self.trusted:
+            return ["bash"]
+        return [f"{TOOLS}/.reterm/ld.so", "--library-path", _TOOLS_LIBS, f"{TOOLS}/bin/bash"]
+
+    def _harness_env(self) -> dict | None:
+        """The harness's programs come from the toolchain; the agent's command (the inner shell)
+        gets its own PATH back and no LD_LIBRARY_PATH (see _INNER)."""
+        if not self.trusted:
+            return None
+        return {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": ""}
 
     def _put(self, dest: str, data: bytes) -> None:
         buf = io.BytesIO()
@@ -773,7 +871,10 @@ class Env:
         try:
             stage, marker = f"/.reterm-tests-{uuid.uuid4().hex[:16]}", f"@@{uuid.uuid4().hex}"
             self.upload(self.task.tests_dir, stage)
-            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}", stage, marker],
+            if self.trusted:  # the loader would inject a library listed there into every program
+                with suppress(Exception):  # a folder there: the loader can't read it either
+                    self._put("/etc/ld.so.preload", b"")
+            r = self._exec([*self._shell(), "-c", _VERIFY, "verify", f"{timeout:.0f}", stage, marker],
                            timeout + EXEC_GRACE, self.verifier_env())
             if r is None:  # the container's own tools hung (a planted `timeout`, a frozen filesystem)
                 return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", "")
@@ -782,8 +883,15 @@ class Env:
             return Verdict(0.0, infra_error("verifier failed", e), "")
 
     def verifier_env(self) -> dict:
-        """test.sh's environment: the image's PATH, with the distribution's directories first."""
-        return {"PATH": ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))}
+        """test.sh's environment: the image's PATH, with the distribution's directories first -- and
+        with the toolchain's wrappers before them when trusted (programs only the agent installed,
+        the system under test, are still found after them)."""
+        path = ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))
+        if not self.trusted:
+            return {"PATH": path}
+        return {"PATH": f"{TOOLS}/.reterm/bin:{path}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": "",
+                "GIT_EXEC_PATH": f"{TOOLS}/lib/git-core", "PYTHONNOUSERSITE": "1", "PYTHONPATH": "",
+                "PYTHONHOME": "", "PYTHONSTARTUP": ""}
 
     def close(self) -> None:
         with suppress(Exception):  # already gone
@@ -814,6 +922,9 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     net = internet and task.allow_internet
     quota = task.storage_mb and _quota_storage(host)
     storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if quota else {}
+    tools = toolchain(host) if trusted_verify(task) else None
+    if tools:  # read-only: the agent can use these programs but not change them
+        storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
     try:
         c = docker_client(host).containers.run(
             image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
@@ -826,7 +937,15 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
     c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
                user="root")
-    return Env(c, task, image, net, host)
+    return Env(c, task, image, net, host, trusted=bool(tools))
+
+
+def trusted_verify(task: Task) -> bool:
+    """Whether `task` verifies on the project's toolchain: tasks built from environment/ do (the
+    bundled ones; training rewards), pinned images (TB2) verify with their own tools as Harbor
+    does. RETERM_TRUSTED_VERIFY=0 turns it off everywhere, =1 on for pinned images too."""
+    flag = os.environ.get("RETERM_TRUSTED_VERIFY", "auto")
+    return flag == "1" or (flag != "0" and task.docker_image is None)
 
 
 def fork(snapshot: str, task: Task, n: int, internet: bool = True) -> list[Env]:

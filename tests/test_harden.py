@@ -121,6 +121,11 @@ def test_tool_state_survives_what_agents_do(make_task):
 
 def test_a_hung_harness_is_bounded_on_the_host(make_task, monkeypatch):
     monkeypatch.setattr(C, "EXEC_GRACE", 3.0)
+    with start(make_task, "nohang") as env:  # the harness runs on the toolchain: a planted tail is not used
+        env.bash("printf '#!/bin/sh\\nsleep 1000\\n' > /tmp/t; chmod +x /tmp/t; mv /tmp/t /usr/bin/tail")
+        r = env.bash("seq 100000", timeout=2)
+        assert not r.timed_out and r.output.endswith("100000\n")
+    monkeypatch.setenv("RETERM_TRUSTED_VERIFY", "0")  # as for a pinned image: the container's own tools
     with start(make_task, "hung") as env:
         env.bash("cp /usr/bin/tail /usr/bin/tail.real; printf '#!/bin/sh\\nsleep 1000\\n' > /usr/bin/tail")
         t0 = time.monotonic()

@@ -151,3 +151,33 @@ def test_a_corrupt_model_folder_is_a_one_line_error(make_task, tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {model}: cannot load the model (") and "config.json" in last, last
+
+
+def bundled(name: str) -> C.Task:
+    return C.load_task(C.Path(C.__file__).parent / "tasks" / name)
+
+
+def test_the_verifier_runs_on_the_trusted_toolchain(monkeypatch):
+    """dedupe-files' test.sh runs `python3 /tests/check.py`: every way of making that pass without
+    the work fails, in place and in a fresh fork, and the oracle still passes among the plants."""
+    monkeypatch.setattr(C, "EXEC_GRACE", 5.0)
+    task = bundled("dedupe-files")
+    with C.start_env(task) as env:
+        assert env.trusted
+        plant("/usr/sbin/python3", "exit 0", env)
+        hook = "import os,sys; sys.argv[0].startswith('/tests/') and os._exit(0)"
+        env.bash(f'for d in /usr/lib/python3/dist-packages /usr/local/lib/python3.11/dist-packages; do '
+                 f'mkdir -p $d; echo "{hook}" > $d/hook.pth; done')
+        assert env.bash("python3 /tests/x.py; echo $?").output.endswith("0\n")  # the agent's python is fooled
+        plant("/usr/bin/timeout", "exec sleep 1000", env)
+        plant("/usr/bin/tail", "exec sleep 1000", env)
+        t0 = C.time.monotonic()
+        for fresh in (False, True):
+            v = env.verify(fresh=fresh)
+            assert (v.reward, v.error) == (0.0, None), v
+        assert C.time.monotonic() - t0 < 30
+        env.upload(task.solution_dir, "/solution")
+        env.bash("rm /usr/sbin/python3")  # the oracle needs a working python3 itself
+        assert env.bash("bash /solution/solve.sh >/dev/null; echo $?").output == "0\n"
+        plant("/usr/sbin/python3", "exit 1", env)
+        assert [env.verify(fresh=f).reward for f in (False, True)] == [1.0, 1.0]
