@@ -753,6 +753,7 @@ class Env:
                  host: str | None = None, trusted: bool = False):
         self.container, self.task, self.image, self.internet = container, task, image, internet
         self.trusted = trusted  # the toolchain is mounted at TOOLS: the verifier runs on it
+        self.network: str | None = None  # the container's own network (see episode_network)
         self.host = host  # the engine it runs on (None: the default one)
         self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
@@ -896,6 +897,7 @@ class Env:
     def close(self) -> None:
         with suppress(Exception):  # already gone
             self.container.remove(force=True)
+        remove_network(self.network, self.host)
 
 
 @functools.cache
@@ -925,19 +927,77 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     tools = toolchain(host) if trusted_verify(task) else None
     if tools:  # read-only: the agent can use these programs but not change them
         storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
+    network = None
     try:
+        network = episode_network(host) if net else None
         c = docker_client(host).containers.run(
             image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name, **_OWNER},
-            network_mode="bridge" if net else "none",
+            network_mode=network or "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
             pids_limit=task.pids_limit, working_dir=task.workdir, **storage)
     except docker.errors.APIError as e:
+        remove_network(network, host)
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
     # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
     c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
                user="root")
-    return Env(c, task, image, net, host, trusted=bool(tools))
+    env = Env(c, task, image, net, host, trusted=bool(tools))
+    env.network = network
+    return env
+
+
+# Networks. On the engine's default bridge every container can reach every other (episode B read
+# what episode A served), so each container with network gets a bridge of its own, on a random /28
+# of 10.128.0.0/9 (Docker's default pools hold ~30 networks; a run has more containers). Bridges are
+# isolated from each other by Docker's own rules. The host is still reachable through the bridge's
+# gateway (a `vllm serve` bound to 0.0.0.0), so on a local engine run as root one iptables rule drops
+# whatever our bridges (interfaces `rtn-*`) send to the host itself; forwarded traffic (the package
+# mirror, the internet) is untouched. RETERM_HOST_ACCESS=1 leaves the host reachable.
+_NET_POOL = (10 << 24) | (128 << 16)  # 10.128.0.0/9
+_host_blocked: dict[str | None, bool] = {}
+
+
+def episode_network(host: str | None = None) -> str:
+    """A new bridge network for one container (labelled; removed with it, or by `reap`)."""
+    import docker
+
+    client = docker_client(host)
+    _block_host(host)
+    for _ in range(8):  # a random subnet may overlap one in use: draw again
+        base = _NET_POOL + (int.from_bytes(os.urandom(3)) % (1 << 19)) * 16
+        subnet = ".".join(str(base >> k & 255) for k in (24, 16, 8, 0)) + "/28"
+        name = f"rtn-{uuid.uuid4().hex[:11]}"
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
+        try:
+            client.networks.create(name, driver="bridge", ipam=ipam, options={
+                "com.docker.network.bridge.name": name}, labels={LABEL: "1", "reterm.run": RUN_ID, **_OWNER})
+            return name
+        except docker.errors.APIError as e:
+            if "overlap" not in str(e).lower():
+                raise
+    raise EnvError("no free subnet for an episode network after 8 draws")
+
+
+def _block_host(host: str | None) -> None:
+    """Once per engine: drop what our bridges send to this host, where we can (see above)."""
+    if host in _host_blocked or os.environ.get("RETERM_HOST_ACCESS") == "1":
+        return
+    local = host is None and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+    rule = ["INPUT", "-i", "rtn-+", "-j", "DROP"]
+    ok = local and os.geteuid() == 0 and shutil.which("iptables") is not None
+    if ok and subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
+        ok = subprocess.run(["iptables", "-I", *rule], capture_output=True).returncode == 0
+    if not ok:
+        log0(f"warning: containers on {host or 'the default engine'} can reach its host's services: "
+             "run `iptables -I INPUT -i rtn-+ -j DROP` there as root")
+    _host_blocked[host] = ok
+
+
+def remove_network(name: str | None, host: str | None = None) -> None:
+    if name:
+        with suppress(Exception):  # already gone
+            docker_client(host).api.remove_network(name)
 
 
 def trusted_verify(task: Task) -> bool:
@@ -1010,6 +1070,9 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
               if run_id or _stale(im.labels, everything) or im.labels.get("reterm.keep") == "1"]
     for im in images:
         remove_image(im.id, host)
+    for n in client.api.networks(filters={"label": [LABEL, *run]}):  # their containers are gone now
+        if run_id or _stale(n.get("Labels") or {}, everything):
+            remove_network(n["Id"], host)
     return len(containers), len(images)
 
 

@@ -181,3 +181,37 @@ def test_the_verifier_runs_on_the_trusted_toolchain(monkeypatch):
         assert env.bash("bash /solution/solve.sh >/dev/null; echo $?").output == "0\n"
         plant("/usr/sbin/python3", "exit 1", env)
         assert [env.verify(fresh=f).reward for f in (False, True)] == [1.0, 1.0]
+
+
+def test_episodes_cannot_reach_each_other_or_the_host(make_task):
+    import http.server
+    import socket
+    import threading
+
+    lines = bundled("dedupe-files").env_dir.joinpath("Dockerfile").read_text().splitlines()
+    dockerfile = "\n".join(lines[:2])  # the bundled base layer (python3), cached
+    task = C.load_task(make_task("net", toml=TOML.replace("allow_internet = false", "allow_internet = true"),
+                                 dockerfile=dockerfile + "\nWORKDIR /app\n"))
+    handler = http.server.SimpleHTTPRequestHandler
+    srv = http.server.ThreadingHTTPServer(("0.0.0.0", 0), handler)  # a service on the host
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    with C.start_env(task) as a, C.start_env(task) as b:
+        assert a.network and b.network and a.network != b.network
+        a.bash("echo secret > /app/s.txt; cd /app; nohup python3 -m http.server 8080 >/dev/null 2>&1 &")
+        ip = a.bash("hostname -I").output.split()[0]
+        get = ("timeout 3 bash -c 'exec 3<>/dev/tcp/{}/{}; "
+               "printf \"GET /{} HTTP/1.0\\r\\n\\r\\n\" >&3; cat <&3'")
+        C.time.sleep(1)
+        assert "secret" in a.bash(get.format("127.0.0.1", 8080, "s.txt")).output  # A's server is up
+        assert "secret" not in b.bash(get.format(ip, 8080, "s.txt")).output
+        gateway = b.bash("ip route 2>/dev/null | awk '/default/ {print $3}'; "
+                         "awk '$2 == \"00000000\" {print $3}' /proc/net/route").output.split()[-1]
+        gw = ".".join(str(int(gateway[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(gateway) == 8 else gateway
+        port = srv.server_address[1]
+        assert socket.create_connection(("127.0.0.1", port), 2)  # the host service answers on the host
+        r = b.bash(get.format(gw, port, ""), timeout=10)
+        assert "HTTP/1.0" not in r.output, r
+        assert b.bash("getent hosts deb.debian.org >/dev/null && echo resolves").output == "resolves\n"
+        nets = {a.network, b.network}
+    srv.shutdown()
+    assert not [n for n in C.docker_client().networks.list() if n.name in nets]  # gone with the containers
