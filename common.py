@@ -188,6 +188,7 @@ class Task:
     cpus: float = 1.0
     memory_mb: int = 2048
     storage_mb: int | None = None
+    storage_inodes: int | None = None  # ours, not Harbor's: files+folders the container may add
     pids_limit: int = 1024  # ours, not Harbor's: processes+threads per container (a fork bomb stays inside)
     docker_image: str | None = None
     allow_internet: bool = True  # Harbor's default: network unless task.toml says false (or --no-internet)
@@ -214,6 +215,7 @@ MAX_TIMEOUT_SEC = 86_400.0  # a day; TB2's longest limit is 12,000 s
 MAX_CPUS = 1024.0  # a guess past any single machine we know of
 MAX_MB = 16 * 1024 * 1024  # 16 TiB of memory or storage: a guess past any single machine
 MAX_PIDS = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
+MAX_INODES = 2**32  # ext4's and xfs's 32-bit inode counts per filesystem
 
 
 def _positive(value: Any, where: str, kind: type = float, most: float = float("inf")) -> Any:
@@ -243,7 +245,8 @@ _KNOWN = {
     "agent": {"timeout_sec"},
     "verifier": {"timeout_sec"},
     "environment": {"docker_image", "build_timeout_sec", "cpus", "memory", "memory_mb",
-                    "storage", "storage_mb", "allow_internet", "workdir", "pids_limit"},
+                    "storage", "storage_mb", "storage_inodes", "allow_internet", "workdir",
+                    "pids_limit"},
 }
 
 
@@ -287,6 +290,8 @@ def load_task(path: str | Path) -> Task:
         build_timeout_sec=num("environment", env, "build_timeout_sec", 600.0),
         cpus=num("environment", env, "cpus", 1.0, most=MAX_CPUS),
         pids_limit=num("environment", env, "pids_limit", 1024, int, MAX_PIDS),
+        storage_inodes=num("environment", env, "storage_inodes", 0, int, MAX_INODES)
+        if "storage_inodes" in env else None,
         memory_mb=_size_mb(env.get("memory_mb", env.get("memory", 2048)),
                            f"{toml_path}: [environment] memory"),
         storage_mb=None if storage is None else _size_mb(storage, f"{toml_path}: [environment] storage"),
@@ -535,9 +540,8 @@ class Verdict:
 # capturer that keeps the head, a rotating tail (3 chunks of 1 MiB) and the byte count, written unbuffered
 # so a background process still holding the pipe delays the answer by at most a second and loses
 # nothing. Every process of the command carries RETERM_CMD=<id>: at the timeout they are all killed, setsid'd
-# ones included (`timeout` alone signals one process group), and so are they when the command's
-# disk growth passes the storage cap (measured with statfs; a per-file `ulimit -f` of the same size
-# also binds background writers that outlive the command).
+# ones included (`timeout` alone signals one process group). Disk is bounded per container, not per
+# command (see StorageWatch); a per-file `ulimit -f` of the storage cap binds single huge files at once.
 _STATE = "/var/lib/reterm"
 _SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _KILL = r"""k() { local r p e; for r in 1 2 3; do for p in /proc/[0-9]*; do
@@ -554,23 +558,17 @@ exec 3<>$o/q
     [ -s $o/c$((i % 3)) ] || break; i=$((i + 1))
     [ -e $o/done ] && {{ cat >/dev/null; break; }}; done
   : >$o/fin; echo >$o/q; }} <$o/p >/dev/null 2>&1 3>&- &
-f0=$(stat -f -c '%a*%S' /)
 ( ulimit -f $4; RETERM_CMD=$1 exec timeout -k 2 "$2" \\
   bash --noprofile --norc -c "$6" reterm "$1" "$5" "$7" ) \\
   >$o/p 2>&1 </dev/null 3>&- &
 fg=$!
-( while sleep 0.25; do [ $(( (f0 - $(stat -f -c '%a*%S' /)) / 1024 )) -gt $4 ] && {{ : >$o/disk; k $1; }}
-  done ) \\
-  >/dev/null 2>&1 3>&- &
-wd=$!
-{{ wait $fg; }} 2>/dev/null; rc=$?; kill $wd 2>/dev/null
+{{ wait $fg; }} 2>/dev/null; rc=$?
 [ $rc = 124 ] || [ $rc = 137 ] && k $1
 read -t 1 -u 3 || : >$o/done
 i=$(<$o/i); n=$(cat $o/h $o/c* 2>/dev/null | wc -c); n=$(( n + (i > 2 ? (i - 2) * C : 0) ))
 if [ $n -le $3 ]; then cat $o/h $o/c0 2>/dev/null
 else head -c $h $o/h; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h))
   for j in $((i - 2)) $((i - 1)) $i; do [ $j -ge 0 ] && cat $o/c$((j % 3)); done 2>/dev/null | tail -c $h; fi
-[ -e $o/disk ] && printf '\\n[killed: wrote more than %d MB to disk in one command]\\n' $(($4 / 1024))
 [ -e $o/fin ] && rm -rf $o
 exit $rc"""
 _INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
@@ -590,7 +588,9 @@ eval "$__rt_c\""""
 _EXEC_ENV = {"DEBIAN_FRONTEND": "noninteractive", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb",
              "PATH": _SYS_PATH, "BASH_ENV": "", "ENV": "", "LC_ALL": "C"}
 _ARGV_MAX = 100_000  # bytes of command passed as an argument; longer ones go as a file
-DEFAULT_STORAGE_MB = 10240  # per-command disk cap when task.toml sets no `storage`
+DEFAULT_STORAGE_MB = 10240  # a container's writable-layer cap when task.toml sets no `storage` (a guess)
+DEFAULT_STORAGE_INODES = 1_000_000  # its files+folders cap without `storage_inodes` (a guess: an npm
+# install makes ~100k; TB2 states no such limit)
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
 
 # The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
@@ -746,6 +746,52 @@ def _parse_reward(out: str, timeout: float, marker: str) -> Verdict:
     return Verdict(0.0, f"no reward file written (test.sh exit {rc})", tail)
 
 
+class StorageWatch:
+    """Bounds one container's own writable layer in bytes and inodes, whatever writes there: a
+    command, a background process, a setsid'd or `env -u`'d one. On a local engine it measures the
+    layer's upper folder with `find` (the container's own files, not the shared filesystem, so a
+    neighbour's writes never count); elsewhere the engine's SizeRw (bytes only). Past the cap it kills
+    every process of the container but its init, once per growth: usage that stays over the cap
+    without growing lets the agent delete files. Polls twice a second, or every 5x the last
+    measurement's time if longer (a walk of 32k files took 0.2 s on a busy machine): <= ~20% of a core."""
+
+    def __init__(self, env: Env, cap_mb: int, cap_inodes: int):
+        self.env, self.cap = env, (cap_mb * 2**20, cap_inodes)
+        self.trips, self.last, self.stop = 0, None, threading.Event()
+        attrs = env.container.client.api.inspect_container(env.container.id)
+        upper = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+        self.upper = upper if env.host is None and upper and os.path.isdir(upper) else None
+        threading.Thread(target=self._run, daemon=True, name="reterm-storage").start()
+
+    def usage(self) -> tuple[int, int] | None:
+        """(bytes, inodes) of the container's writable layer; None if it can't be read now."""
+        with suppress(Exception):
+            if self.upper:  # one walk for both: 512-byte blocks per entry, one line per inode
+                out = subprocess.run(["find", self.upper, "-xdev", "-printf", "%b\n"], capture_output=True,
+                                     timeout=120).stdout.split()
+                return sum(map(int, out)) * 512, len(out)
+            info = self.env.container.client.api.inspect_container(self.env.container.id, size=True)
+            return int(info.get("SizeRw") or 0), 0
+        return None
+
+    def _run(self) -> None:
+        wait = 0.5
+        while not self.stop.wait(wait):
+            t0 = time.monotonic()
+            used = self.usage()
+            wait = max(0.5, 5 * (time.monotonic() - t0))
+            if used is None:
+                continue
+            over = used[0] > self.cap[0] or used[1] > self.cap[1]
+            grew = self.last is None or used[0] > self.last[0] + 2**20 or used[1] > self.last[1] + 1000
+            if over and grew:
+                self.trips += 1
+                with suppress(Exception):  # the toolchain's bash: kill(-1) spares init and the killer
+                    self.env.container.exec_run([*self.env._shell(), "-c", "kill -9 -1"],
+                                                environment=self.env._harness_env())
+            self.last = used if over else None
+
+
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
@@ -754,6 +800,7 @@ class Env:
         self.container, self.task, self.image, self.internet = container, task, image, internet
         self.trusted = trusted  # the toolchain is mounted at TOOLS: the verifier runs on it
         self.network: str | None = None  # the container's own network (see episode_network)
+        self.watch: StorageWatch | None = None  # started by start_env
         self.host = host  # the engine it runs on (None: the default one)
         self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
@@ -797,7 +844,14 @@ class Env:
             command = ""
         argv = [*self._shell(), "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
                 str(max_bytes), str(cap_kb), self.path, _INNER, command]
+        trips = self.watch.trips if self.watch else 0
         r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env())
+        if self.watch and self.watch.trips > trips:
+            cap = self.watch.cap
+            note = (f"\n[killed: the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} "
+                    "files and folders); every process in it was stopped]\n")
+            out = r[1].decode(errors="replace") if r else ""
+            return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
             with suppress(EnvError):
                 self._exec([*self._shell(), "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE,
@@ -858,6 +912,8 @@ class Env:
         process the agent left running (RL rewards: a background loop can't write the reward)."""
         timeout = timeout or self.task.verifier_timeout_sec
         ensure_docker_timeout(timeout + EXEC_GRACE + 60)
+        if self.watch:  # the episode is over: what the tests write is not the agent's
+            self.watch.stop.set()
         if fresh:
             snap = None
             try:
@@ -895,6 +951,8 @@ class Env:
                 "PYTHONHOME": "", "PYTHONSTARTUP": ""}
 
     def close(self) -> None:
+        if self.watch:
+            self.watch.stop.set()
         with suppress(Exception):  # already gone
             self.container.remove(force=True)
         remove_network(self.network, self.host)
@@ -944,6 +1002,9 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
                user="root")
     env = Env(c, task, image, net, host, trusted=bool(tools))
     env.network = network
+    if not quota:  # no real quota from the engine: watch the layer ourselves
+        env.watch = StorageWatch(env, task.storage_mb or DEFAULT_STORAGE_MB,
+                                 task.storage_inodes or DEFAULT_STORAGE_INODES)
     return env
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import textwrap
+import threading
 
 import pytest
 from conftest import ScriptedEngine, call, write_task
@@ -76,10 +77,13 @@ def test_agent_caused_verifier_failures_score_0_and_are_not_infra(make_task, mon
         v = env.verify(timeout=2)
         assert (v.reward, v.error) == (0.0, "verifier timed out after 2s")
     with start(make_task, "faketimeout") as env:  # the container's own `timeout` now never returns
-        env.bash("echo ok > /app/out.txt")
+        plant("/usr/bin/timeout", "exec sleep 1000", env)
+        assert env.verify(timeout=2) == C.Verdict(0.0, None, "")  # the toolchain's timeout ran test.sh
+    monkeypatch.setenv("RETERM_TRUSTED_VERIFY", "0")  # as for a pinned image: the container's own tools
+    with start(make_task, "faketimeout-own-tools") as env:
         plant("/usr/bin/timeout", "exec sleep 1000", env)
         v = env.verify(timeout=2)
-        assert v.reward == 0.0 and not C.is_infra_error(v.error), v
+        assert v.reward == 0.0 and "no answer" in v.error and not C.is_infra_error(v.error), v
 
 
 def test_non_finite_rewards_never_reach_grpo():
@@ -215,3 +219,35 @@ def test_episodes_cannot_reach_each_other_or_the_host(make_task):
         nets = {a.network, b.network}
     srv.shutdown()
     assert not [n for n in C.docker_client().networks.list() if n.name in nets]  # gone with the containers
+
+
+def test_storage_is_bounded_per_container_and_neighbours_are_untouched(make_task):
+    """The cap holds for the container's own writable layer: background writers, several large
+    commands and many small files are all stopped near it, and another episode's command is not."""
+    caps = 'storage = "64M"\nstorage_inodes = 20000\n'
+    with start(make_task, "disk2", caps) as env, start(make_task, "innocent") as other:
+        assert env.watch and env.watch.upper  # the local engine: the layer itself is measured
+        probe = threading.Thread(target=lambda: box.append(other.bash("sleep 12; echo done", timeout=60)))
+        box: list = []
+        probe.start()
+        # a background writer that escapes the command's kill (no RETERM_CMD in its environment)
+        env.bash("env -u RETERM_CMD setsid bash -c 'for i in $(seq 100); do "
+                 "head -c 8M /dev/zero > /app/bg$i; sleep 0.05; done' >/dev/null 2>&1 &")
+        C.time.sleep(6)
+        mb = lambda: int(env.bash("du -sm /app | cut -f1").output)
+        # stopped within about a second of writing past the cap (how far past: the disk's speed)
+        assert 64 <= (stopped := mb()) <= 64 + 200, stopped
+        C.time.sleep(1.5)
+        assert mb() == stopped
+        assert "head -c 8M" not in env.bash("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").output  # it is gone
+        env.bash("rm -f /app/bg*")  # over the cap but not growing: the agent may clean up
+        rs = [env.bash(f"head -c 48M /dev/zero > /app/c{i}; echo wrote", timeout=30) for i in range(3)]
+        assert rs[0].output == "wrote\n" and "storage cap" in rs[1].output + rs[2].output, rs
+        assert mb() <= 64 + 2 * 48, mb()  # at most one command's worth past the cap
+        env.bash("rm -f /app/c*")
+        r = env.bash("mkdir /app/many && cd /app/many && seq 200000 | xargs touch; echo finished", timeout=60)
+        assert "finished" not in r.output and "storage cap" in r.output, r
+        n = int(env.bash("ls /app/many | wc -l").output)
+        assert 20000 <= n < 200000, n
+        probe.join()
+        assert box[0].output == "done\n" and box[0].exit_code == 0, box  # the neighbour's command ran out
