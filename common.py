@@ -530,8 +530,9 @@ class Verdict:
     output: str  # tail of test.sh's stdout
 
 
-# The bash tool. Harness code runs with a fixed PATH of the distribution's directories (a binary the
-# agent plants in /usr/local/bin can't stand in for `timeout` or `tail`), and only the inner shell
+# The bash tool. Harness code runs on the trusted toolchain where one is mounted (see TOOLS), else
+# with a fixed PATH of the distribution's directories (a binary the agent plants in /usr/local/bin
+# can't stand in for `timeout` or `tail`), and only the inner shell
 # sees the agent's state: cwd and exported variables, kept in files under _STATE (not /tmp, which
 # agents clean) so they persist across calls *and* across snapshot -> fork. The inner shell saves
 # them on every way out: normal end, `exit`, `set -e`, a `trap ... EXIT` of the agent's own
@@ -774,6 +775,15 @@ class StorageWatch:
             return int(info.get("SizeRw") or 0), 0
         return None
 
+    def over(self) -> bool:
+        """Measured now: is the layer past a cap? (Checked before each command, which then may grow
+        a file by at most 1 MB: fast commands can't each slip a large file in between two polls.)"""
+        used = self.usage()
+        over = used is not None and (used[0] > self.cap[0] or used[1] > self.cap[1])
+        if over and self.last is None:
+            self.last = used  # the poll kills only on growth past this
+        return over
+
     def _run(self) -> None:
         wait = 0.5
         while not self.stop.wait(wait):
@@ -838,7 +848,8 @@ class Env:
         """Run one command like a terminal would: persistent cwd/env, killed after `timeout`."""
         t0, cid = time.monotonic(), uuid.uuid4().hex[:16]
         ensure_docker_timeout(timeout + EXEC_GRACE + 60)
-        cap_kb = (self.task.storage_mb or DEFAULT_STORAGE_MB) * 1024
+        full = self.watch is not None and self.watch.over()
+        cap_kb = 1024 if full else (self.task.storage_mb or DEFAULT_STORAGE_MB) * 1024
         if len(command.encode()) > _ARGV_MAX:
             self._put(f"{_STATE}/cmd.{cid}", command.encode())
             command = ""
@@ -859,7 +870,9 @@ class Env:
             return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
                              124, True, time.monotonic() - t0)
         dt = time.monotonic() - t0
-        return CmdResult(r[1].decode(errors="replace"), r[0], r[0] in (124, 137) and dt >= timeout, dt)
+        note = "\n[the container's files are past the storage cap: until some are deleted, a file may grow " \
+               "by at most 1 MB]\n" if full else ""
+        return CmdResult(r[1].decode(errors="replace") + note, r[0], r[0] in (124, 137) and dt >= timeout, dt)
 
     def _shell(self) -> list[str]:
         """The harness's bash: the toolchain's, through its own loader, where one is mounted (a

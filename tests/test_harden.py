@@ -46,7 +46,7 @@ def test_disk_fillers_are_bounded(make_task):
     with start(make_task, "disk", 'storage = "64M"\n') as env:
         r = env.bash("yes > /app/big; echo rc=$?", timeout=60)  # one file: ulimit -f of the cap
         assert "rc=153" in r.output  # SIGXFSZ
-        assert int(env.bash("stat -c %s /app/big").output) <= 64 * 2**20
+        assert int(env.bash("stat -c %s /app/big").output.split()[0]) <= 64 * 2**20
         time.sleep(1)  # the file and the tool's state put the layer just past the cap: the watch acts once
         env.bash("rm /app/big")
         time.sleep(1)
@@ -54,7 +54,7 @@ def test_disk_fillers_are_bounded(make_task):
         fill = "for i in $(seq 100); do head -c 16M /dev/zero > /app/f$i; done; echo finished"
         r = env.bash(fill, timeout=60)
         assert "finished" not in r.output and "passed the storage cap (64 MB" in r.output
-        written = int(env.bash("du -sm /app | cut -f1").output)
+        written = int(env.bash("du -sm /app | cut -f1").output.split()[0])
         # stopped past the cap but far short of the loop's 1600 MB; how far past depends on how fast
         # the disk writes between two 0.25 s polls (CI under load has written ~350 MB)
         assert 64 <= written <= 800, written
@@ -62,7 +62,7 @@ def test_disk_fillers_are_bounded(make_task):
         # output capture costs no disk: 3 s of `yes` keeps a few MiB, and reports the true size
         r = env.bash("yes", timeout=3)
         assert r.timed_out and int(r.output.split("[... ")[1].split(" bytes")[0]) > 10**7
-        assert int(env.bash("du -sk /var/lib/reterm | cut -f1").output) < 4 * 1024
+        assert int(env.bash("du -sk /var/lib/reterm | cut -f1").output.split()[0]) < 4 * 1024
 
 
 def test_verifier_cannot_be_fooled(make_task):
