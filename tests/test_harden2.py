@@ -253,3 +253,27 @@ def test_storage_is_bounded_per_container_and_neighbours_are_untouched(make_task
         assert 20000 <= n < 200000, n
         probe.join()
         assert box[0].output == "done\n" and box[0].exit_code == 0, box  # the neighbour's command ran out
+
+
+def test_packages_a_solution_installs_still_work_under_the_toolchain(make_task):
+    """A solution that installs a Python package (pip's layout and apt's) and a program: the trusted
+    verifier's Python still imports the package and test.sh still finds the program."""
+    lines = bundled("dedupe-files").env_dir.joinpath("Dockerfile").read_text().splitlines()
+    solve = textwrap.dedent("""\
+        mkdir -p /usr/local/lib/python3.11/dist-packages/greet /usr/lib/python3/dist-packages
+        echo 'def hi(): return "hi"' > /usr/local/lib/python3.11/dist-packages/greet/__init__.py
+        echo 'X = 7' > /usr/lib/python3/dist-packages/aptmod.py
+        printf '#!/bin/sh\\necho tool-ok\\n' > /usr/local/bin/greet-tool; chmod +x /usr/local/bin/greet-tool
+        """)
+    test = textwrap.dedent("""\
+        mkdir -p /logs/verifier; echo 0 > /logs/verifier/reward.txt
+        python3 -c 'import greet, aptmod; assert greet.hi() == "hi" and aptmod.X == 7' || exit 1
+        [ "$(greet-tool)" = tool-ok ] && echo 1 > /logs/verifier/reward.txt
+        """)
+    task = C.load_task(make_task("installs", solve=solve, test=test,
+                                 dockerfile="\n".join(lines[:2]) + "\nWORKDIR /app\n"))
+    with C.start_env(task) as env:
+        assert env.trusted and env.verify().reward == 0.0
+        env.upload(task.solution_dir, "/solution")
+        env.bash("bash /solution/solve.sh")
+        assert [env.verify(fresh=f).reward for f in (False, True)] == [1.0, 1.0]
