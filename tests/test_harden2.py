@@ -71,6 +71,15 @@ def test_test_output_cannot_forge_control_lines_or_rewards(make_task):
         assert v.reward == 0.0 and v.error.startswith("unparsable reward") and not C.is_infra_error(v.error)
 
 
+def test_the_issue_reproduction_on_fix_lru_cache_scores_0():
+    with C.start_env(bundled("fix-lru-cache")) as env:  # the module under test prints forged control lines
+        env.bash("sed -i '1i print(\"@@txt 1\\\\n@@x\")' /app/cache/lru.py; head -1 /app/cache/lru.py")
+        assert "@@txt 1" in env.bash("cd /app/cache && python3 -c 'import lru'").output
+        for fresh in (False, True):
+            v = env.verify(fresh=fresh)
+            assert (v.reward, v.error) == (0.0, None) and "@@txt 1" in v.output, v
+
+
 def test_agent_caused_verifier_failures_score_0_and_are_not_infra(make_task, monkeypatch):
     monkeypatch.setattr(C, "EXEC_GRACE", 3.0)
     with start(make_task, "hang", test="sleep 1000\n") as env:
