@@ -5,6 +5,7 @@ refused at load, and episodes that cannot reach each other or fill the disk."""
 from __future__ import annotations
 
 import importlib
+import json
 import textwrap
 import threading
 
@@ -286,3 +287,58 @@ def test_packages_a_solution_installs_still_work_under_the_toolchain(make_task):
         env.upload(task.solution_dir, "/solution")
         env.bash("bash /solution/solve.sh")
         assert [env.verify(fresh=f).reward for f in (False, True)] == [1.0, 1.0]
+
+
+class Attacker:
+    """Each episode's policy from its instruction's first word: FORGE plants a python3 that exits 0
+    and a .pth hook, FILL writes 200k files, DEEP sends a tool call nested 1,200 deep then solves,
+    anything else solves. One 05 run holds them all."""
+
+    def __init__(self):
+        self.tokenizer = C.make_tiny_tokenizer()
+
+    def turn(self, seen: str) -> str:
+        done = seen.count("<tool_response>")
+        fake = "printf '#!/bin/sh\\nexit 0\\n' > /tmp/p; chmod +x /tmp/p; mv /tmp/p /usr/sbin/python3"
+        plays = {"FORGE": [fake, "echo 'import os; os._exit(0)' > /usr/lib/python3/dist-packages/h.pth"],
+                 "FILL": ["mkdir /app/m && cd /app/m && seq 200000 | xargs touch"],
+                 "DEEP": [None, "echo ok > /app/out.txt"]}
+        word = next((w for w in plays if f"{w}:" in seen), None)
+        script = plays.get(word, ["echo ok > /app/out.txt"])
+        if done >= len(script) or (word == "DEEP" and "malformed" in seen and done >= 1):
+            return "Done."
+        if script[done] is None and "malformed" not in seen:
+            return '<tool_call>{"name": "bash", "arguments": ' + "[" * 1200 + "]" * 1200 + "}</tool_call>"
+        return call(script[done] or script[-1])
+
+    def generate(self, prompts, sampling, seeds=None):
+        gens = []
+        for p in prompts:
+            ids = self.tokenizer.encode(self.turn(self.tokenizer.decode(p)), add_special_tokens=False)
+            gens.append(C.Generation(ids + [self.tokenizer.eos_token_id], [0.0] * (len(ids) + 1), "stop"))
+        return gens
+
+
+def test_one_05_run_holds_every_attack_and_scores_the_rest(make_task, tmp_path, monkeypatch):
+    ev = importlib.import_module("05_eval_tb2")
+    lines = bundled("dedupe-files").env_dir.joinpath("Dockerfile").read_text().splitlines()
+    dockerfile = "\n".join(lines[:2]) + "\nWORKDIR /app\n"
+    test = textwrap.dedent("""\
+        mkdir -p /logs/verifier; echo 0 > /logs/verifier/reward.txt
+        python3 -c 'import sys; sys.exit(open("/app/out.txt").read() != "ok\\n")' &&
+          echo 1 > /logs/verifier/reward.txt
+        """)
+    toml = TOML.replace('memory = "512M"', 'memory = "512M"\nstorage_inodes = 20000')
+    for name, word in (("forge", "FORGE"), ("fill", "FILL"), ("deep", "DEEP"), ("solve", "SOLVE")):
+        make_task(name, instruction=f"{word}: write ok to /app/out.txt.", test=test, toml=toml,
+                  dockerfile=dockerfile)
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: Attacker())
+    s = ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(tmp_path / "ev"), "--agent", "policy",
+                 "--model", "scripted", "--max-turns", "4", "--concurrency", "4"])
+    rows = {r["task"]: r for r in C.read_jsonl(tmp_path / "ev" / "trials.jsonl")}
+    assert {k: r["reward"] for k, r in rows.items()} == {"forge": 0.0, "fill": 0.0, "deep": 1.0, "solve": 1.0}
+    assert not any(C.is_infra_error(r["error"]) for r in rows.values()) and s["n_trials"] == 4
+    traj = lambda task: json.loads(next((tmp_path / "ev" / "harbor").glob(f"{task}__*/agent/trajectory.json"))
+                                   .read_text())
+    assert any("storage cap" in m["content"] for m in traj("fill") if m["role"] == "tool")
+    assert any("RecursionError" in m["content"] for m in traj("deep") if m["role"] == "user")
