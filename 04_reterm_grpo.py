@@ -45,6 +45,7 @@ import functools
 import gc
 import hashlib
 import json
+import math
 import os
 import random
 import time
@@ -126,6 +127,8 @@ def group_advantages(rewards, use_std: bool = True) -> torch.Tensor:
     """A_i = (r_i - mean r) / (std r + 1e-6) over the last dim (unbiased std, as TRL); without
     std A_i = r_i - mean r (Dr. GRPO). An all-equal group gets zeros: no signal."""
     r = torch.as_tensor(rewards, dtype=torch.float32)
+    if not torch.isfinite(r).all():  # one NaN would make every advantage of the group NaN
+        raise ValueError(f"non-finite reward in a group: {r.tolist()}")
     a = r - r.mean(-1, keepdim=True)
     if not use_std or r.shape[-1] < 2:
         return a
@@ -133,8 +136,10 @@ def group_advantages(rewards, use_std: bool = True) -> torch.Tensor:
 
 
 def drop_uniform_groups(groups: list[Group]) -> tuple[list[Group], int]:
-    """Keep groups whose rewards differ; all-equal groups carry no gradient. Returns (kept, dropped)."""
-    kept = [g for g in groups if len(set(g.rewards)) > 1]
+    """Keep groups whose rewards differ; all-equal groups carry no gradient, and a group with a
+    non-finite reward (the verifier refuses those; this is the last guard) none that can be trusted.
+    Returns (kept, dropped)."""
+    kept = [g for g in groups if len(set(g.rewards)) > 1 and all(map(math.isfinite, g.rewards))]
     return kept, len(groups) - len(kept)
 
 

@@ -246,10 +246,16 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path, imag
     --recovery a failed trial's snapshot (committed before verification) gets one recovery
     attempt as soon as the trial ends; the trial's rows are written once both are done, so a
     resumed run never has a trial without its recovery."""
-    scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
-                               max_context=cfg.max_context, command_timeout=cfg.command_timeout)
-    vllm_kw = {"max_model_len": scaffold.max_context, "seed": cfg.seed} if cfg.engine == "vllm" else {}
-    engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **vllm_kw)
+    try:  # a corrupt folder (bad JSON, truncated weights) is the user's to fix: one line, no traceback
+        scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
+                                   max_context=cfg.max_context, command_timeout=cfg.command_timeout)
+        vllm_kw = {"max_model_len": scaffold.max_context, "seed": cfg.seed} if cfg.engine == "vllm" else {}
+        engine = C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **vllm_kw)
+    except (C.UserError, FileNotFoundError):
+        raise
+    except Exception as e:  # noqa: BLE001 -- transformers/vLLM raise OSError, ValueError, JSONDecodeError...
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise C.UserError(f"{cfg.model}: cannot load the model ({type(e).__name__}: {why})") from None
     sampling = C.SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
     rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
     tok = engine.tokenizer

@@ -26,6 +26,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -186,6 +187,7 @@ class Task:
     cpus: float = 1.0
     memory_mb: int = 2048
     storage_mb: int | None = None
+    storage_inodes: int | None = None  # ours, not Harbor's: files+folders the container may add
     pids_limit: int = 1024  # ours, not Harbor's: processes+threads per container (a fork bomb stays inside)
     docker_image: str | None = None
     allow_internet: bool = True  # Harbor's default: network unless task.toml says false (or --no-internet)
@@ -206,22 +208,35 @@ class Task:
         return self.path / "solution"
 
 
-def _positive(value: Any, where: str, kind: type = float) -> Any:
-    """A limit must be a positive, finite number: 0 or a negative value would silently mean *no*
-    limit or break every command, so they are refused at load time with the key's name."""
+# Upper bounds on task limits: a value past these is a typo or an attack, and a huge one (1e10 s)
+# overflows the Docker client's socket timeout inside the *shared* client, breaking every other task.
+MAX_TIMEOUT_SEC = 86_400.0  # a day; TB2's longest limit is 12,000 s
+MAX_CPUS = 1024.0  # a guess past any single machine we know of
+MAX_MB = 16 * 1024 * 1024  # 16 TiB of memory or storage: a guess past any single machine
+MAX_PIDS = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
+MAX_INODES = 2**32  # ext4's and xfs's 32-bit inode counts per filesystem
+
+
+def _positive(value: Any, where: str, kind: type = float, most: float = float("inf")) -> Any:
+    """A limit must be a positive, finite number no larger than `most`: 0 or a negative value would
+    silently mean *no* limit or break every command, so they are refused at load time with the
+    key's name, as are values past the bound."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
     if not ok or (kind is int and value != int(value)):
         raise TaskError(f"{where} must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
+    if value > most:
+        raise TaskError(f"{where} must be at most {most:g}, got {value!r}")
     return kind(value)
 
 
 def _size_mb(value: Any, where: str) -> int:
     """'2G' / '512M' / '1024' / 2048 -> megabytes (TB2 writes memory = "2G"); must be > 0."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.I)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]?)i?b?\s*", str(value), re.I)
     if isinstance(value, bool) or not m:
         raise TaskError(f"{where}: cannot parse size {value!r} (expected e.g. '2G' or '512M')")
     scale = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
-    return _positive(int(float(m.group(1)) * scale), f"{where} (in MB)", int)
+    mb = float(m.group(1)) * scale
+    return _positive(int(mb) if mb < float("inf") else mb, f"{where} (in MB)", int, MAX_MB)
 
 
 _KNOWN = {
@@ -229,7 +244,8 @@ _KNOWN = {
     "agent": {"timeout_sec"},
     "verifier": {"timeout_sec"},
     "environment": {"docker_image", "build_timeout_sec", "cpus", "memory", "memory_mb",
-                    "storage", "storage_mb", "allow_internet", "workdir", "pids_limit"},
+                    "storage", "storage_mb", "storage_inodes", "allow_internet", "workdir",
+                    "pids_limit"},
 }
 
 
@@ -258,8 +274,8 @@ def load_task(path: str | Path) -> Task:
         if unknown:
             extra[sec] = unknown
     storage = env.get("storage_mb", env.get("storage"))
-    num = lambda sec, d, key, dflt, kind=float: _positive(d.get(key, dflt), f"{toml_path}: [{sec}] {key}",
-                                                          kind)
+    num = lambda sec, d, key, dflt, kind=float, most=MAX_TIMEOUT_SEC: _positive(
+        d.get(key, dflt), f"{toml_path}: [{sec}] {key}", kind, most)
     for sec, key, tp in (("environment", "docker_image", str), ("environment", "workdir", str),
                          ("environment", "allow_internet", bool), ("metadata", "tags", list)):
         if not isinstance(cfg.get(sec, {}).get(key, tp()), tp):
@@ -271,8 +287,10 @@ def load_task(path: str | Path) -> Task:
         agent_timeout_sec=num("agent", agent, "timeout_sec", 600.0),
         verifier_timeout_sec=num("verifier", verifier, "timeout_sec", 600.0),
         build_timeout_sec=num("environment", env, "build_timeout_sec", 600.0),
-        cpus=num("environment", env, "cpus", 1.0),
-        pids_limit=num("environment", env, "pids_limit", 1024, int),
+        cpus=num("environment", env, "cpus", 1.0, most=MAX_CPUS),
+        pids_limit=num("environment", env, "pids_limit", 1024, int, MAX_PIDS),
+        storage_inodes=num("environment", env, "storage_inodes", 0, int, MAX_INODES)
+        if "storage_inodes" in env else None,
         memory_mb=_size_mb(env.get("memory_mb", env.get("memory", 2048)),
                            f"{toml_path}: [environment] memory"),
         storage_mb=None if storage is None else _size_mb(storage, f"{toml_path}: [environment] storage"),
@@ -449,6 +467,17 @@ def _pull(image: str, timeout: float, host: str | None = None) -> None:
         raise box[0]
 
 
+def image_name(task_name: str) -> str:
+    """A Docker repository component for any task name: the name itself where Docker takes it
+    ('fix-lru-cache'), else ('Über', 'a..b', 200 characters) lower-case alphanumerics joined by
+    dashes, at most 40, plus 8 hex digits of the name's hash, so that two names mapping to the same
+    letters ('A b', 'a-b') still get their own images."""
+    if re.fullmatch(r"[a-z0-9]+(?:-+[a-z0-9]+)*", task_name) and len(task_name) <= 64:
+        return task_name
+    slug = re.sub(r"[^a-z0-9]+", "-", task_name.lower()).strip("-")[:40].strip("-") or "task"
+    return f"{slug}-{hashlib.sha256(task_name.encode()).hexdigest()[:8]}"
+
+
 def task_image(task: Task, host: str | None = None) -> str:
     """The task's image. A pinned `docker_image` runs as published: present, or pulled within the
     task's build_timeout_sec, or EnvError -- never a silent build of environment/, which may differ
@@ -469,7 +498,7 @@ def task_image(task: Task, host: str | None = None) -> str:
                            "instead") from None
         return task.docker_image
     ensure_docker_timeout(task.build_timeout_sec + 60)
-    tag = f"reterm-task/{re.sub(r'[^a-z0-9._-]', '-', task.name.lower())}:{_dir_hash(task.env_dir)[:12]}"
+    tag = f"reterm-task/{image_name(task.name)}:{_dir_hash(task.env_dir)[:12]}"
     with _client_lock:
         lock = _build_locks.setdefault(tag, threading.Lock())
     with lock:
@@ -500,8 +529,9 @@ class Verdict:
     output: str  # tail of test.sh's stdout
 
 
-# The bash tool. Harness code runs with a fixed PATH of the distribution's directories (a binary the
-# agent plants in /usr/local/bin can't stand in for `timeout` or `tail`), and only the inner shell
+# The bash tool. Harness code runs on the trusted toolchain where one is mounted (see TOOLS), else
+# with a fixed PATH of the distribution's directories (a binary the agent plants in /usr/local/bin
+# can't stand in for `timeout` or `tail`), and only the inner shell
 # sees the agent's state: cwd and exported variables, kept in files under _STATE (not /tmp, which
 # agents clean) so they persist across calls *and* across snapshot -> fork. The inner shell saves
 # them on every way out: normal end, `exit`, `set -e`, a `trap ... EXIT` of the agent's own
@@ -510,9 +540,8 @@ class Verdict:
 # capturer that keeps the head, a rotating tail (3 chunks of 1 MiB) and the byte count, written unbuffered
 # so a background process still holding the pipe delays the answer by at most a second and loses
 # nothing. Every process of the command carries RETERM_CMD=<id>: at the timeout they are all killed, setsid'd
-# ones included (`timeout` alone signals one process group), and so are they when the command's
-# disk growth passes the storage cap (measured with statfs; a per-file `ulimit -f` of the same size
-# also binds background writers that outlive the command).
+# ones included (`timeout` alone signals one process group). Disk is bounded per container, not per
+# command (see StorageWatch); a per-file `ulimit -f` of the storage cap binds single huge files at once.
 _STATE = "/var/lib/reterm"
 _SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _KILL = r"""k() { local r p e; for r in 1 2 3; do for p in /proc/[0-9]*; do
@@ -529,26 +558,20 @@ exec 3<>$o/q
     [ -s $o/c$((i % 3)) ] || break; i=$((i + 1))
     [ -e $o/done ] && {{ cat >/dev/null; break; }}; done
   : >$o/fin; echo >$o/q; }} <$o/p >/dev/null 2>&1 3>&- &
-f0=$(stat -f -c '%a*%S' /)
 ( ulimit -f $4; RETERM_CMD=$1 exec timeout -k 2 "$2" \\
   bash --noprofile --norc -c "$6" reterm "$1" "$5" "$7" ) \\
   >$o/p 2>&1 </dev/null 3>&- &
 fg=$!
-( while sleep 0.25; do [ $(( (f0 - $(stat -f -c '%a*%S' /)) / 1024 )) -gt $4 ] && {{ : >$o/disk; k $1; }}
-  done ) \\
-  >/dev/null 2>&1 3>&- &
-wd=$!
-{{ wait $fg; }} 2>/dev/null; rc=$?; kill $wd 2>/dev/null
+{{ wait $fg; }} 2>/dev/null; rc=$?
 [ $rc = 124 ] || [ $rc = 137 ] && k $1
 read -t 1 -u 3 || : >$o/done
 i=$(<$o/i); n=$(cat $o/h $o/c* 2>/dev/null | wc -c); n=$(( n + (i > 2 ? (i - 2) * C : 0) ))
 if [ $n -le $3 ]; then cat $o/h $o/c0 2>/dev/null
 else head -c $h $o/h; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h))
   for j in $((i - 2)) $((i - 1)) $i; do [ $j -ge 0 ] && cat $o/c$((j % 3)); done 2>/dev/null | tail -c $h; fi
-[ -e $o/disk ] && printf '\\n[killed: wrote more than %d MB to disk in one command]\\n' $(($4 / 1024))
 [ -e $o/fin ] && rm -rf $o
 exit $rc"""
-_INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1
+_INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
 if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$S/cmd.$1); command -p rm -f $S/cmd.$1; fi
 [ -f $S/env ] && . $S/env >/dev/null 2>&1
 export RETERM_CMD=$__rt_id
@@ -565,24 +588,110 @@ eval "$__rt_c\""""
 _EXEC_ENV = {"DEBIAN_FRONTEND": "noninteractive", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb",
              "PATH": _SYS_PATH, "BASH_ENV": "", "ENV": "", "LC_ALL": "C"}
 _ARGV_MAX = 100_000  # bytes of command passed as an argument; longer ones go as a file
-DEFAULT_STORAGE_MB = 10240  # per-command disk cap when task.toml sets no `storage`
+DEFAULT_STORAGE_MB = 10240  # a container's writable-layer cap when task.toml sets no `storage` (a guess)
+DEFAULT_STORAGE_INODES = 1_000_000  # its files+folders cap without `storage_inodes` (a guess: an npm
+# install makes ~100k; TB2 states no such limit)
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
 
 # The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
 # /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
 # /tests; test.sh runs with the image's environment, PATH with the distribution's directories first,
-# and only regular files (not directories, not symlinks) count as reward files.
+# and only regular files (not directories, not symlinks) count as reward files. Control lines carry
+# a random marker made on the host for this call ($3): test output and reward files are data, and
+# whatever they print (`@@txt 1`, `@@prep`) can't pose as the harness's own lines.
 _VERIFY_STAGE = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
-mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "@@prep"; exit 1; }
+mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "$3 prep"; exit 1; }
 """
 _VERIFY_RUN = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
-echo "@@rc $?"
+echo "$3 rc $?"
 for f in txt json; do p=/logs/verifier/reward.$f
-  [ -f $p ] && [ ! -L $p ] && { echo "@@$f"; head -c 4096 $p; echo; }; done
-echo "@@out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
+  [ -f $p ] && [ ! -L $p ] && { echo "$3 $f"; head -c 4096 $p; echo; }; done
+echo "$3 out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
 _VERIFY = _VERIFY_STAGE + _VERIFY_RUN
 _KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
              "while :; do sleep 2147483647 & wait $!; done"
+
+
+# Trusted verification. The agent is root in its container: it can replace /usr/sbin/python3, drop a
+# .pth hook into site-packages, or plant a `timeout` that never returns, and a verifier that runs
+# the container's own programs then reports whatever the agent wants. So the verifier runs on a
+# project-owned toolchain instead: the bundled tasks' base layer (Debian's bash, coreutils,
+# python3, git, sqlite3, jq...) copied once per engine into a Docker volume and mounted read-only at
+# TOOLS in every container of a task built from environment/ (a pinned TB2 image verifies Harbor's
+# way, with the image's own tools: our Python can't stand in for its interpreter). Every program of
+# the toolchain is reached through a wrapper first on PATH that starts it with the toolchain's own
+# dynamic loader and libraries, so a replaced /lib64/ld-linux*.so or libc in the container is never
+# loaded for them; Python runs from the toolchain's prefix and reads only its own site-packages
+# (the agent's package folders are appended after them, without their .pth files, so packages a
+# solution installed still import). What stays the agent's: the code under test, programs the tests
+# call by an absolute path (/bin/sh of `subprocess(shell=True)`), and anything test.sh downloads.
+TOOLS = "/.reterm-tools"
+_TOOLS_LIBS = f"{TOOLS}/.reterm/lib:{TOOLS}/lib:{TOOLS}/local/lib"
+_TOOLCHAIN_DOCKERFILE = f"""FROM {BASE_IMAGE}
+RUN apt-get update && apt-get install -y --no-install-recommends python3 git procps jq sqlite3 bc file \
+ca-certificates && rm -rf /var/lib/apt/lists/*
+"""  # the bundled tasks' first two lines, byte for byte: the layer cache builds it once for all
+# Runs once in a toolchain container whose /usr is the (empty, so Docker fills it) volume: copy the
+# loader, link the library folder, write one wrapper per program, then mark the volume complete.
+_TOOLCHAIN_SETUP = r"""set -e; T=$1; L=$2; R=/usr/.reterm; rm -rf $R; mkdir -p $R/bin
+ld=$(readlink -f /lib64/ld-linux-x86-64.so.2 || readlink -f /lib/ld-linux-aarch64.so.1); cp "$ld" $R/ld.so
+lib=$(dirname "$ld"); ln -s "../${lib#/usr/}" $R/lib
+v=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+printf '%s\n' /usr/local/lib/python$v/dist-packages /usr/local/lib/python$v/site-packages \
+  /usr/lib/python3/dist-packages >/usr/lib/python3/dist-packages/zz-reterm-agent-packages.pth
+for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin; do for f in $d/*; do
+  [ -x "$f" ] && [ ! -d "$f" ] && n=${f##*/} && [ ! -e $R/bin/$n ] || continue
+  t=$(readlink -f "$f"); case $t in /usr/*) ;; *) continue;; esac
+  printf '#!%s %s\nexec %s --library-path %s %s "$@"\n' $T/.reterm/ld.so $T/bin/bash $T/.reterm/ld.so $L \
+    "$T/${t#/usr/}" >$R/bin/$n; chmod 755 $R/bin/$n; done; done
+touch $R/complete"""
+_toolchains: dict[str | None, str | None] = {}
+_toolchain_lock = threading.Lock()
+
+
+def toolchain(host: str | None = None) -> str | None:
+    """The engine's toolchain volume (made on first use: ~50 s to build the layer if no bundled task
+    has, ~15 s to fill the volume), or None where it can't be made (an engine without the
+    distribution's package mirror): its tasks then verify with their own tools, said once."""
+    import docker
+
+    with _toolchain_lock:
+        if host in _toolchains:
+            return _toolchains[host]
+        client, h = docker_client(host), hashlib.sha256((_TOOLCHAIN_DOCKERFILE + _TOOLCHAIN_SETUP).encode())
+        tag, vol = f"reterm-toolchain:{h.hexdigest()[:12]}", f"reterm-toolchain-{h.hexdigest()[:12]}"
+        try:
+            try:
+                client.images.get(tag)
+            except docker.errors.ImageNotFound:
+                client.images.build(fileobj=io.BytesIO(_TOOLCHAIN_DOCKERFILE.encode()), tag=tag, rm=True,
+                                    forcerm=True, labels={LABEL: "1", "reterm.kind": "toolchain"})
+            if not _volume_complete(client, tag, vol):
+                with suppress(docker.errors.NotFound):
+                    client.volumes.get(vol).remove(force=True)
+                client.volumes.create(vol, labels={LABEL: "1", "reterm.kind": "toolchain"})
+                client.containers.run(tag, ["bash", "-c", _TOOLCHAIN_SETUP, "setup", TOOLS, _TOOLS_LIBS],
+                                      volumes={vol: {"bind": "/usr", "mode": "rw"}}, remove=True,
+                                      network_mode="none", labels={LABEL: "1"})
+            _toolchains[host] = vol
+        except Exception as e:  # noqa: BLE001 -- any failure leaves the engine without a toolchain
+            log0(f"warning: no trusted toolchain on {host or 'the default engine'} ({type(e).__name__}: "
+                 f"{str(e)[:200]}); its tasks verify with their own tools")
+            _toolchains[host] = None
+        return _toolchains[host]
+
+
+def _volume_complete(client: Any, tag: str, vol: str) -> bool:
+    """Whether the volume exists and its setup ran to the end (a crash half-way leaves no mark)."""
+    import docker
+
+    try:
+        client.volumes.get(vol)
+        client.containers.run(tag, ["test", "-e", "/t/.reterm/complete"], remove=True, network_mode="none",
+                              volumes={vol: {"bind": "/t", "mode": "ro"}}, labels={LABEL: "1"})
+        return True
+    except (docker.errors.NotFound, docker.errors.ContainerError):
+        return False
 
 
 def infra_error(what: str, e: BaseException | str) -> str:
@@ -595,34 +704,115 @@ def is_infra_error(error: str | None) -> bool:
     return bool(error) and error.startswith("infra: ")
 
 
-def _parse_reward(out: str, timeout: float) -> Verdict:
-    parts = dict(re.findall(r"^@@(\w+)[ \n]?(.*?)(?=^@@|\Z)", out, re.M | re.S))
+def _reward_value(x: Any) -> float:
+    """One reward: a finite number in [0, 1] (a bool or a string such as 'inf' or 'nan' is not)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+        raise ValueError(f"not a number: {x!r}")
+    v = float(x)
+    if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+        raise ValueError(f"reward {v!r} is not a finite number in [0, 1]")
+    return v
+
+
+def _parse_reward(out: str, timeout: float, marker: str) -> Verdict:
+    """The verifier's answer -> Verdict. Only lines starting with this call's `marker` are control
+    lines. A reward that is not a finite number in [0, 1] is an error of the trial (reward 0, kept
+    in its group): nothing the container writes can put NaN or inf into a GRPO group. Every failure
+    here happened inside the container, so none is `infra:` (no free retry for the agent)."""
+    parts: dict[str, str] = {}
+    for key, body in re.findall(rf"^{re.escape(marker)} (\w+)[ \n]?(.*?)(?=^{re.escape(marker)} |\Z)", out,
+                                re.M | re.S):
+        parts.setdefault(key, body)
     if "prep" in parts:
-        return Verdict(0.0, infra_error("verifier", "cannot put the tests in /tests"), out[-2000:].strip())
+        return Verdict(0.0, "verifier could not put the tests in /tests (the container's filesystem)",
+                       out.split(marker)[0][-2000:].strip())
     tail = parts.get("out", "").strip()
-    rc = int(parts.get("rc", "1").strip() or 1)
-    if rc in (124, 137):
+    rc = parts.get("rc", "").strip()
+    if rc in ("124", "137"):
         return Verdict(0.0, f"verifier timed out after {timeout:.0f}s", tail)
     try:
         if "txt" in parts:
-            return Verdict(float(parts["txt"].strip()), None, tail)
+            return Verdict(_reward_value(parts["txt"].strip()), None, tail)
         if "json" in parts:
             data = json.loads(parts["json"])
             if isinstance(data, dict):
                 vals = [data["reward"]] if "reward" in data else list(data.values())
-                return Verdict(sum(map(float, vals)) / len(vals), None, tail)
-            return Verdict(float(data), None, tail)
-    except (ValueError, TypeError, ZeroDivisionError, KeyError):
-        return Verdict(0.0, "unparsable reward file", tail)
+                return Verdict(_reward_value(sum(map(_reward_value, vals)) / len(vals)), None, tail)
+            return Verdict(_reward_value(data), None, tail)
+    except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError) as e:
+        return Verdict(0.0, f"unparsable reward file ({str(e)[:200]})", tail)
+    if not rc:
+        return Verdict(0.0, "verifier gave no exit status (its harness was cut short)", out[-2000:].strip())
     return Verdict(0.0, f"no reward file written (test.sh exit {rc})", tail)
+
+
+class StorageWatch:
+    """Bounds one container's own writable layer in bytes and inodes, whatever writes there: a
+    command, a background process, a setsid'd or `env -u`'d one. On a local engine it measures the
+    layer's upper folder with `find` (the container's own files, not the shared filesystem, so a
+    neighbour's writes never count); elsewhere the engine's SizeRw (bytes only). Past the cap it kills
+    every process of the container but its init, once per growth: usage that stays over the cap
+    without growing lets the agent delete files. Polls twice a second, or every 5x the last
+    measurement's time if longer (a walk of 32k files took 0.2 s on a busy machine): <= ~20% of a core."""
+
+    def __init__(self, env: Env, cap_mb: int, cap_inodes: int):
+        self.env, self.cap = env, (cap_mb * 2**20, cap_inodes)
+        self.trips, self.last, self.stop = 0, None, threading.Event()
+        attrs = env.container.client.api.inspect_container(env.container.id)
+        upper = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+        self.upper = upper if env.host is None and upper and os.path.isdir(upper) else None
+        threading.Thread(target=self._run, daemon=True, name="reterm-storage").start()
+
+    def usage(self) -> tuple[int, int] | None:
+        """(bytes, inodes) of the container's writable layer; None if it can't be read now."""
+        with suppress(Exception):
+            if self.upper:  # one walk for both: 512-byte blocks per entry, one line per inode
+                out = subprocess.run(["find", self.upper, "-xdev", "-printf", "%b\n"], capture_output=True,
+                                     timeout=120).stdout.split()
+                return sum(map(int, out)) * 512, len(out)
+            info = self.env.container.client.api.inspect_container(self.env.container.id, size=True)
+            return int(info.get("SizeRw") or 0), 0
+        return None
+
+    def over(self) -> bool:
+        """Measured now: is the layer past a cap? (Checked before each command, which then may grow
+        a file by at most 1 MB: fast commands can't each slip a large file in between two polls.)"""
+        used = self.usage()
+        over = used is not None and (used[0] > self.cap[0] or used[1] > self.cap[1])
+        if over and self.last is None:
+            self.last = used  # the poll kills only on growth past this
+        return over
+
+    def _run(self) -> None:
+        wait = 0.5
+        while not self.stop.wait(wait):
+            t0 = time.monotonic()
+            used = self.usage()
+            wait = max(0.5, 5 * (time.monotonic() - t0))
+            if used is None:
+                continue
+            over = used[0] > self.cap[0] or used[1] > self.cap[1]
+            grew = self.last is None or used[0] > self.last[0] + 2**20 or used[1] > self.last[1] + 1000
+            if over and grew and self.last is None:  # measured again: files deleted meanwhile spare the
+                used = self.usage() or used  # command that runs now
+                over = used[0] > self.cap[0] or used[1] > self.cap[1]
+            if over and grew:
+                self.trips += 1
+                with suppress(Exception):  # the toolchain's bash: kill(-1) spares init and the killer
+                    self.env.container.exec_run([*self.env._shell(), "-c", "kill -9 -1"],
+                                                environment=self.env._harness_env())
+            self.last = used if over else None
 
 
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
     def __init__(self, container: Any, task: Task, image: str, internet: bool = False,
-                 host: str | None = None):
+                 host: str | None = None, trusted: bool = False):
         self.container, self.task, self.image, self.internet = container, task, image, internet
+        self.trusted = trusted  # the toolchain is mounted at TOOLS: the verifier runs on it
+        self.network: str | None = None  # the container's own network (see episode_network)
+        self.watch: StorageWatch | None = None  # started by start_env
         self.host = host  # the engine it runs on (None: the default one)
         self.image_id = container.attrs.get("Image")  # what ran, even if the tag moves later
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
@@ -660,20 +850,45 @@ class Env:
         """Run one command like a terminal would: persistent cwd/env, killed after `timeout`."""
         t0, cid = time.monotonic(), uuid.uuid4().hex[:16]
         ensure_docker_timeout(timeout + EXEC_GRACE + 60)
-        cap_kb = (self.task.storage_mb or DEFAULT_STORAGE_MB) * 1024
+        full = self.watch is not None and self.watch.over()
+        cap_kb = 1024 if full else (self.task.storage_mb or DEFAULT_STORAGE_MB) * 1024
         if len(command.encode()) > _ARGV_MAX:
             self._put(f"{_STATE}/cmd.{cid}", command.encode())
             command = ""
-        argv = ["bash", "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
+        argv = [*self._shell(), "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
                 str(max_bytes), str(cap_kb), self.path, _INNER, command]
-        r = self._exec(argv, timeout + EXEC_GRACE)
+        trips = self.watch.trips if self.watch else 0
+        r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env())
+        if self.watch and self.watch.trips > trips:
+            cap = self.watch.cap
+            note = (f"\n[killed: the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} "
+                    "files and folders); every process in it was stopped]\n")
+            out = r[1].decode(errors="replace") if r else ""
+            return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
             with suppress(EnvError):
-                self._exec(["bash", "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE)
+                self._exec([*self._shell(), "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE,
+                           self._harness_env())
             return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
                              124, True, time.monotonic() - t0)
         dt = time.monotonic() - t0
-        return CmdResult(r[1].decode(errors="replace"), r[0], r[0] in (124, 137) and dt >= timeout, dt)
+        note = "\n[the container's files are past the storage cap: until some are deleted, a file may grow " \
+               "by at most 1 MB]\n" if full else ""
+        return CmdResult(r[1].decode(errors="replace") + note, r[0], r[0] in (124, 137) and dt >= timeout, dt)
+
+    def _shell(self) -> list[str]:
+        """The harness's bash: the toolchain's, through its own loader, where one is mounted (a
+        planted `timeout`, `stat` or `tail` can't stop the tool or its disk watchdog)."""
+        if not self.trusted:
+            return ["bash"]
+        return [f"{TOOLS}/.reterm/ld.so", "--library-path", _TOOLS_LIBS, f"{TOOLS}/bin/bash"]
+
+    def _harness_env(self) -> dict | None:
+        """The harness's programs come from the toolchain; the agent's command (the inner shell)
+        gets its own PATH back and no LD_LIBRARY_PATH (see _INNER)."""
+        if not self.trusted:
+            return None
+        return {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": ""}
 
     def _put(self, dest: str, data: bytes) -> None:
         buf = io.BytesIO()
@@ -699,7 +914,7 @@ class Env:
     def snapshot(self, keep: bool = False) -> str:
         """Commit the container's filesystem to a labelled image (call before verify). Non-strict:
         running processes and sockets are lost, only files (incl. the bash tool's cwd/env) persist."""
-        repo, t = "reterm-snap/" + re.sub(r"[^a-z0-9._-]", "-", self.task.name.lower()), uuid.uuid4().hex[:16]
+        repo, t = "reterm-snap/" + image_name(self.task.name), uuid.uuid4().hex[:16]
         labels = " ".join(f"{k}={v}" for k, v in {"reterm.kind": "snapshot", "reterm.keep": int(keep),
                                                    "reterm.run": RUN_ID, **_OWNER}.items())
         self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
@@ -712,6 +927,8 @@ class Env:
         process the agent left running (RL rewards: a background loop can't write the reward)."""
         timeout = timeout or self.task.verifier_timeout_sec
         ensure_docker_timeout(timeout + EXEC_GRACE + 60)
+        if self.watch:  # the episode is over: what the tests write is not the agent's
+            self.watch.stop.set()
         if fresh:
             snap = None
             try:
@@ -724,23 +941,36 @@ class Env:
                 if snap:
                     remove_image(snap)
         try:
-            stage = f"/.reterm-tests-{uuid.uuid4().hex[:16]}"
+            stage, marker = f"/.reterm-tests-{uuid.uuid4().hex[:16]}", f"@@{uuid.uuid4().hex}"
             self.upload(self.task.tests_dir, stage)
-            r = self._exec(["bash", "-c", _VERIFY, "verify", f"{timeout:.0f}", stage], timeout + EXEC_GRACE,
-                           self.verifier_env())
-            if r is None:
-                return Verdict(0.0, infra_error("verifier", f"no answer {timeout + EXEC_GRACE:.0f}s"), "")
-            return _parse_reward(r[1].decode(errors="replace"), timeout)
+            if self.trusted:  # the loader would inject a library listed there into every program
+                with suppress(Exception):  # a folder there: the loader can't read it either
+                    self._put("/etc/ld.so.preload", b"")
+            r = self._exec([*self._shell(), "-c", _VERIFY, "verify", f"{timeout:.0f}", stage, marker],
+                           timeout + EXEC_GRACE, self.verifier_env())
+            if r is None:  # the container's own tools hung (a planted `timeout`, a frozen filesystem)
+                return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", "")
+            return _parse_reward(r[1].decode(errors="replace"), timeout, marker)
         except Exception as e:
             return Verdict(0.0, infra_error("verifier failed", e), "")
 
     def verifier_env(self) -> dict:
-        """test.sh's environment: the image's PATH, with the distribution's directories first."""
-        return {"PATH": ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))}
+        """test.sh's environment: the image's PATH, with the distribution's directories first -- and
+        with the toolchain's wrappers before them when trusted (programs only the agent installed,
+        the system under test, are still found after them)."""
+        path = ":".join(dict.fromkeys(_SYS_PATH.split(":") + self.path.split(":")))
+        if not self.trusted:
+            return {"PATH": path}
+        return {"PATH": f"{TOOLS}/.reterm/bin:{path}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": "",
+                "GIT_EXEC_PATH": f"{TOOLS}/lib/git-core", "PYTHONNOUSERSITE": "1", "PYTHONPATH": "",
+                "PYTHONHOME": "", "PYTHONSTARTUP": ""}
 
     def close(self) -> None:
+        if self.watch:
+            self.watch.stop.set()
         with suppress(Exception):  # already gone
             self.container.remove(force=True)
+        remove_network(self.network, self.host)
 
 
 @functools.cache
@@ -767,19 +997,91 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     net = internet and task.allow_internet
     quota = task.storage_mb and _quota_storage(host)
     storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if quota else {}
+    tools = toolchain(host) if trusted_verify(task) else None
+    if tools:  # read-only: the agent can use these programs but not change them
+        storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
+    network = None
     try:
+        network = episode_network(host) if net else None
         c = docker_client(host).containers.run(
             image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name, **_OWNER},
-            network_mode="bridge" if net else "none",
+            network_mode=network or "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
             pids_limit=task.pids_limit, working_dir=task.workdir, **storage)
     except docker.errors.APIError as e:
+        remove_network(network, host)
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
     # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
     c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
                user="root")
-    return Env(c, task, image, net, host)
+    env = Env(c, task, image, net, host, trusted=bool(tools))
+    env.network = network
+    if not quota:  # no real quota from the engine: watch the layer ourselves
+        env.watch = StorageWatch(env, task.storage_mb or DEFAULT_STORAGE_MB,
+                                 task.storage_inodes or DEFAULT_STORAGE_INODES)
+    return env
+
+
+# Networks. On the engine's default bridge every container can reach every other (episode B read
+# what episode A served), so each container with network gets a bridge of its own, on a random /28
+# of 10.128.0.0/9 (Docker's default pools hold ~30 networks; a run has more containers). Bridges are
+# isolated from each other by Docker's own rules. The host is still reachable through the bridge's
+# gateway (a `vllm serve` bound to 0.0.0.0), so on a local engine run as root one iptables rule drops
+# whatever our bridges (interfaces `rtn-*`) send to the host itself; forwarded traffic (the package
+# mirror, the internet) is untouched. RETERM_HOST_ACCESS=1 leaves the host reachable.
+_NET_POOL = (10 << 24) | (128 << 16)  # 10.128.0.0/9
+_host_blocked: dict[str | None, bool] = {}
+
+
+def episode_network(host: str | None = None) -> str:
+    """A new bridge network for one container (labelled; removed with it, or by `reap`)."""
+    import docker
+
+    client = docker_client(host)
+    _block_host(host)
+    for _ in range(8):  # a random subnet may overlap one in use: draw again
+        base = _NET_POOL + (int.from_bytes(os.urandom(3)) % (1 << 19)) * 16
+        subnet = ".".join(str(base >> k & 255) for k in (24, 16, 8, 0)) + "/28"
+        name = f"rtn-{uuid.uuid4().hex[:11]}"
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
+        try:
+            client.networks.create(name, driver="bridge", ipam=ipam, options={
+                "com.docker.network.bridge.name": name}, labels={LABEL: "1", "reterm.run": RUN_ID, **_OWNER})
+            return name
+        except docker.errors.APIError as e:
+            if "overlap" not in str(e).lower():
+                raise
+    raise EnvError("no free subnet for an episode network after 8 draws")
+
+
+def _block_host(host: str | None) -> None:
+    """Once per engine: drop what our bridges send to this host, where we can (see above)."""
+    if host in _host_blocked or os.environ.get("RETERM_HOST_ACCESS") == "1":
+        return
+    local = host is None and os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+    rule = ["INPUT", "-i", "rtn-+", "-j", "DROP"]
+    ok = local and os.geteuid() == 0 and shutil.which("iptables") is not None
+    if ok and subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
+        ok = subprocess.run(["iptables", "-I", *rule], capture_output=True).returncode == 0
+    if not ok:
+        log0(f"warning: containers on {host or 'the default engine'} can reach its host's services: "
+             "run `iptables -I INPUT -i rtn-+ -j DROP` there as root")
+    _host_blocked[host] = ok
+
+
+def remove_network(name: str | None, host: str | None = None) -> None:
+    if name:
+        with suppress(Exception):  # already gone
+            docker_client(host).api.remove_network(name)
+
+
+def trusted_verify(task: Task) -> bool:
+    """Whether `task` verifies on the project's toolchain: tasks built from environment/ do (the
+    bundled ones; training rewards), pinned images (TB2) verify with their own tools as Harbor
+    does. RETERM_TRUSTED_VERIFY=0 turns it off everywhere, =1 on for pinned images too."""
+    flag = os.environ.get("RETERM_TRUSTED_VERIFY", "auto")
+    return flag == "1" or (flag != "0" and task.docker_image is None)
 
 
 def fork(snapshot: str, task: Task, n: int, internet: bool = True) -> list[Env]:
@@ -844,6 +1146,9 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
               if run_id or _stale(im.labels, everything) or im.labels.get("reterm.keep") == "1"]
     for im in images:
         remove_image(im.id, host)
+    for n in client.api.networks(filters={"label": [LABEL, *run]}):  # their containers are gone now
+        if run_id or _stale(n.get("Labels") or {}, everything):
+            remove_network(n["Id"], host)
     return len(containers), len(images)
 
 
@@ -1124,6 +1429,12 @@ def tool_call(name: Any, args: Any) -> dict:
         raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
     if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
         raise ValueError("the bash tool needs a non-empty string 'command' argument")
+    try:  # a lone surrogate ("\\ud800" in JSON) or a NUL can't reach a process's argv: the policy's fault
+        args["command"].encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the command is not valid UTF-8 text") from None
+    if "\0" in args["command"]:
+        raise ValueError("the command contains a NUL byte")
     return {"type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -1149,6 +1460,8 @@ def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
         return [_parse_one_call(b) for b in _TOOL_BLOCK.findall(text)], None
     except ValueError as e:
         return [], f"malformed tool call: {e}"
+    except Exception as e:  # noqa: BLE001 -- JSON nested 1000 deep (RecursionError) and the like: still the
+        return [], f"malformed tool call: {type(e).__name__}"  # policy's output, never an infra fault
 
 
 # The user turn that opens a recovery attempt (the paper's wording): the task is restated in full because

@@ -112,9 +112,9 @@ def test_verify_rewards_and_errors(make_task):
     t = C.load_task(make_task("json", test=script))
     with C.start_env(t) as e:
         assert e.verify() == C.Verdict(0.5, None, "")
-    # staged tests that cannot become /tests: an infrastructure error (--retry-errors reruns it), not a 0
-    v = C._parse_reward("mv: cannot move '/.reterm-tests-1' to '/tests'\n@@prep\n", 10.0)
-    assert v.reward == 0.0 and C.is_infra_error(v.error) and "cannot move" in v.output
+    # staged tests that cannot become /tests: the container's state, so the trial's error, not infra
+    v = C._parse_reward("mv: cannot move '/.reterm-tests-1' to '/tests'\n@@m prep\n", 10.0, "@@m")
+    assert v.reward == 0.0 and not C.is_infra_error(v.error) and "cannot move" in v.output
 
 
 def test_eval_oracle_null_and_resume(make_task, tmp_path):
