@@ -146,6 +146,14 @@ def test_a_hung_harness_is_bounded_on_the_host(make_task, monkeypatch):
     ("[environment]\nmemory = \"0\"\n", r"\[environment\] memory \(in MB\) must be a positive integer"),
     ("[environment]\npids_limit = 1.5\n", r"pids_limit must be a positive integer"),
     ("[environment]\nallow_internet = \"yes\"\n", r"allow_internet must be a bool"),
+    # upper bounds: 1e10 s once overflowed inside the shared Docker client and broke every other task
+    ("[verifier]\ntimeout_sec = 1e10\n", r"\[verifier\] timeout_sec must be at most 86400"),
+    ("[agent]\ntimeout_sec = 1e300\n", r"\[agent\] timeout_sec must be at most 86400"),
+    ("[environment]\nbuild_timeout_sec = 1e10\n", r"build_timeout_sec must be at most 86400"),
+    ("[environment]\ncpus = 1e9\n", r"cpus must be at most 1024"),
+    ("[environment]\nmemory = \"1e9G\"\n", r"memory \(in MB\) must be at most"),
+    ("[environment]\nstorage = \"9999999999T\"\n", r"storage \(in MB\) must be at most"),
+    ("[environment]\npids_limit = 99999999999\n", r"pids_limit must be at most"),
 ])
 def test_bad_task_limits_are_one_line_errors(tmp_path, toml, message):
     d = write_task(tmp_path, "bad", toml=toml)

@@ -10,21 +10,14 @@ import textwrap
 import threading
 
 import pytest
-from conftest import ScriptedEngine, call, write_task
+import test_harden
+from conftest import ScriptedEngine, call
 
 import common as C
 
 pytestmark = pytest.mark.usefixtures("docker_ready")
 
-TOML = textwrap.dedent("""\
-    [agent]
-    timeout_sec = 60.0
-    [verifier]
-    timeout_sec = 20.0
-    [environment]
-    memory = "512M"
-    allow_internet = false
-    """)
+TOML = test_harden.TOML + "allow_internet = false\n"  # the first round's limits, no network
 
 # test.sh runs the code under test and trusts it to print a score: it stands for any task whose
 # tests run the agent's code (fix-lru-cache imports /app/cache/lru.py), which may print anything.
@@ -118,22 +111,6 @@ def test_policy_faults_are_malformed_turns_and_the_episode_goes_on(make_task, to
     assert (ep.error, ep.malformed, ep.reward, ep.end) == (None, 3, 1.0, "answered")
     errors = [m["content"] for m in ep.messages if m["role"] == "user" and "malformed" in m["content"]]
     assert "RecursionError" in errors[0] and "UTF-8" in errors[1] and "NUL" in errors[2]
-
-
-@pytest.mark.parametrize("toml, message", [
-    ("[verifier]\ntimeout_sec = 1e10\n", r"\[verifier\] timeout_sec must be at most 86400"),
-    ("[agent]\ntimeout_sec = 1e300\n", r"\[agent\] timeout_sec must be at most 86400"),
-    ("[environment]\nbuild_timeout_sec = 1e10\n", r"build_timeout_sec must be at most 86400"),
-    ("[environment]\ncpus = 1e9\n", r"cpus must be at most 1024"),
-    ("[environment]\nmemory = \"1e9G\"\n", r"memory \(in MB\) must be at most"),
-    ("[environment]\nstorage = \"9999999999T\"\n", r"storage \(in MB\) must be at most"),
-    ("[environment]\npids_limit = 99999999999\n", r"pids_limit must be at most"),
-])
-def test_task_limits_have_upper_bounds(tmp_path, toml, message):
-    d = write_task(tmp_path, "big", toml=toml)
-    with pytest.raises(C.TaskError, match=f"^{d / 'task.toml'}: .*{message}") as e:
-        C.load_task(d)
-    assert "\n" not in str(e.value)
 
 
 def test_task_names_docker_cannot_tag_are_mapped(make_task):
