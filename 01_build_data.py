@@ -272,7 +272,7 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
             if scope == "step" and (fault.kind == "stop" or fault.step == len(steps) - 1):
                 continue
             out = list(msgs)
-            with C.fork(snap, task, 1, not cfg.no_internet)[0] as env:
+            with C.start_env(task, snap, not cfg.no_internet, C.HOSTS.home(snap)) as env:
                 for thought, cmd in recovery_plan(steps, fault, scope):
                     act(env, out, thought, cmd, cfg.command_timeout)
                 out.append({"role": "assistant", "content": f"I {done}; every step of the task has now "

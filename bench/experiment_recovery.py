@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import batch_rollouts as R  # noqa: E402
+
 import common as C  # noqa: E402
 
 GRPO = importlib.import_module("04_reterm_grpo")
@@ -69,7 +71,7 @@ def engine_for(cfg: Config, model: str | Path):
 def recovery_rate(cfg: Config, model: str | Path, states: list, tasks: dict) -> dict:
     """Recovery@1 over eval_samples forks of each held-out state, overall and by category."""
     engine = engine_for(cfg, model)
-    groups, stats = C.run_recoveries(states, tasks, cfg.eval_samples, engine, rollout_cfg(cfg))
+    groups, stats = R.run_recoveries(states, tasks, cfg.eval_samples, engine, rollout_cfg(cfg))
     del engine
     gc.collect()
     by = collections.defaultdict(list)
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             engine = engine_for(cfg, model)
             todo = [t for t in tasks.values() for _ in range(cfg.k)]
-            eps, _ = C.run_attempts(todo, engine, rollout_cfg(cfg), commit="failed")
+            eps, _ = R.run_attempts(todo, engine, rollout_cfg(cfg), commit="failed")
             del engine
             gc.collect()
             states = [C.FailureState.from_episode(ep, model) for ep in eps if ep.snapshot]

@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+import batch_rollouts as R  # noqa: E402
 import experiment_learning as E  # noqa: E402
 
 import common as C  # noqa: E402
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     res: dict = {"config": dataclasses.asdict(cfg)}
     with C.env_session():
         eng = E.policy_engine(exp, policies["sft"], seed)
-        firsts, _ = C.run_attempts(tasks, eng, E.rollout_config(exp, policies["sft"], 1000), commit="failed",
+        firsts, _ = R.run_attempts(tasks, eng, E.rollout_config(exp, policies["sft"], 1000), commit="failed",
                                    internet=False)
         states = [C.FailureState.from_episode(e) for e in firsts if e.reward < 1 and e.snapshot]
         res["first_attempts"], res["failure_states"] = len(firsts), len(states)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
                     gc.collect()
                     eng = E.policy_engine(exp, path, seed)
                 rcfg = E.rollout_config(exp, path, 2000)
-                groups, _ = C.run_recoveries(states, by_name, cfg.forks, eng, rcfg, internet=False)
+                groups, _ = R.run_recoveries(states, by_name, cfg.forks, eng, rcfg, internet=False)
                 eps = [e for g in groups for e in g]
                 with open(f"{out}_{name}.jsonl", "w") as f:
                     f.writelines(json.dumps({"task": e.task.name} | e.record()) + "\n" for e in eps)

@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # batch_rollouts: the tests' and benchmarks' batch helpers
 
 import common as C  # noqa: E402
 

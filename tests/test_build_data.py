@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import batch_rollouts as R
 import pytest
 from conftest import ROOT
 
@@ -72,7 +73,7 @@ def test_recovery_commands_replayed_in_a_fork_of_a_fresh_failure_pass(oracle_dat
                 env.bash(cmd)
             snap = env.snapshot()
             assert env.verify().reward < 1.0
-        with C.fork(snap, task, 1)[0] as env:
+        with R.fork(snap, task, 1)[0] as env:
             for cmd in B.commands_of(row["messages"][tfi:]):
                 env.bash(cmd)
             assert env.verify().reward == 1.0

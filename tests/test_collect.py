@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import batch_rollouts as R
 import pytest
 from conftest import ROOT
 
@@ -63,7 +64,7 @@ def test_failure_snapshots_fork_into_the_failed_state_and_gc(make_task, tmp_path
             assert C.FailureState(**r).ids == r["ids"] and len(r["ids"]) > 100
         assert len(images_of(records)) == 4
         task = C.load_task(tmp_path / "tasks" / records[0]["task"])
-        forks = C.fork(records[0]["snapshot"], task, 2)
+        forks = R.fork(records[0]["snapshot"], task, 2)
         try:
             for env in forks:  # files, cwd and env of the failed attempt are all still there
                 assert env.bash("cat /app/out.txt; pwd; echo $STAGE").output == "partial\n/app/work\nhalf\n"

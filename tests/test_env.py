@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import batch_rollouts as R
 import pytest
 from conftest import ROOT
 
@@ -70,7 +71,7 @@ def test_snapshot_fork_keeps_state_and_isolates_forks(env):
     env.bash("cd /tmp && export STAGE=half && echo progress > /app/partial.txt")
     snap = env.snapshot()
     try:
-        forks = C.fork(snap, env.task, 3)
+        forks = R.fork(snap, env.task, 3)
         try:
             for f in forks:
                 assert f.bash("pwd; echo $STAGE; cat /app/partial.txt").output == "/tmp\nhalf\nprogress\n"
@@ -78,7 +79,7 @@ def test_snapshot_fork_keeps_state_and_isolates_forks(env):
             assert forks[1].bash("ls /app/only-in-fork0").exit_code != 0
             assert forks[1].bash("echo $STAGE").output == "half\n"
             assert env.bash("ls /app/only-in-fork0").exit_code != 0
-            again = C.fork(snap, env.task, 1)[0]
+            again = R.fork(snap, env.task, 1)[0]
             assert again.bash("ls /app/only-in-fork0; echo $STAGE").output.endswith("half\n")
             again.close()
         finally:

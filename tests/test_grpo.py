@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import math
 
+import batch_rollouts as R
 import pytest
 import torch
 from conftest import ScriptedEngine, call
@@ -186,11 +187,11 @@ def test_forked_rollout_mask_covers_only_the_recovery_attempts_sampled_tokens(ma
     task = C.load_task(make_task("mask"))
     rcfg = C.RolloutConfig(max_turns=2, max_context=8192, concurrency=4)
     with C.env_session():
-        (ep,), _ = C.run_attempts([task], ScriptedEngine(tok, [call("echo no > /app/out.txt")] * 2), rcfg,
+        (ep,), _ = R.run_attempts([task], ScriptedEngine(tok, [call("echo no > /app/out.txt")] * 2), rcfg,
                                   commit="failed")
         state = C.FailureState.from_episode(ep)
         eng = ScriptedEngine(tok, [call("echo ok > /app/out.txt"), "Fixed."])
-        groups, stats = C.run_recoveries([state], {task.name: task}, 2, eng, rcfg)
+        groups, stats = R.run_recoveries([state], {task.name: task}, 2, eng, rcfg)
         C.remove_image(ep.snapshot)
     rows = G.group_rows([G.Group("fork", state.id, state.category, groups[0])], use_std=False)
     batch = C.collate([r.trace for r in rows], tok.pad_token_id)
@@ -227,7 +228,7 @@ def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_tas
         engine = C.make_engine(engine_kind, tiny, dtype="float32", **kw)
         states = []
         for _ in range(4):
-            eps, _ = C.run_attempts([task] * 3, engine, rcfg, commit="failed")
+            eps, _ = R.run_attempts([task] * 3, engine, rcfg, commit="failed")
             states += [C.FailureState.from_episode(e, "tiny") for e in eps if e.snapshot]
             if states:
                 break

@@ -9,6 +9,7 @@ import json
 import textwrap
 import threading
 
+import batch_rollouts as R
 import pytest
 import test_harden
 from conftest import ScriptedEngine, call
@@ -107,7 +108,7 @@ def test_policy_faults_are_malformed_turns_and_the_episode_goes_on(make_task, to
     nul = '<tool_call>{"name": "bash", "arguments": {"command": "echo a\\u0000b"}}</tool_call>'
     eng = ScriptedEngine(tok, [deep, surrogate, nul, call("echo ok > /app/out.txt"), "Done."])
     with C.env_session():
-        (ep,), _ = C.run_attempts([task], eng, C.RolloutConfig(max_turns=6, max_context=8192, concurrency=1))
+        (ep,), _ = R.run_attempts([task], eng, C.RolloutConfig(max_turns=6, max_context=8192, concurrency=1))
     assert (ep.error, ep.malformed, ep.reward, ep.end) == (None, 3, 1.0, "answered")
     errors = [m["content"] for m in ep.messages if m["role"] == "user" and "malformed" in m["content"]]
     assert "RecursionError" in errors[0] and "UTF-8" in errors[1] and "NUL" in errors[2]

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import importlib
 
+import batch_rollouts as R
 import pytest
 from conftest import ScriptedEngine, call
 
@@ -81,7 +82,7 @@ def _failure_states(tasks, path, hosts: str) -> list[C.FailureState]:
     C.use_docker_hosts(hosts)
     tok = C.make_tiny_tokenizer()
     rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8)
-    eps, _ = C.run_attempts(list(tasks.values()), ScriptedEngine(tok, [call("echo no > /app/out.txt")]),
+    eps, _ = R.run_attempts(list(tasks.values()), ScriptedEngine(tok, [call("echo no > /app/out.txt")]),
                             rcfg, commit="failed")
     states = [C.FailureState.from_episode(ep, "scripted") for ep in eps]
     assert all(s.snapshot for s in states)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import batch_rollouts as R
 import pytest
 import torch
 
@@ -193,7 +194,7 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
                 ids = ids[: len(ids) - ids[::-1].index(tok.eos_token_id)]  # as sampled: ends at EOS
                 states.append(C.FailureState(f"s{len(states)}", name, snap, failed, ids,
                                              "faulty_implementation"))
-            groups, _ = C.run_recoveries(states, {name: task}, 12, engine, rcfg)  # 12: rarely all-success
+            groups, _ = R.run_recoveries(states, {name: task}, 12, engine, rcfg)  # 12: rarely all-success
         finally:
             for s in states:
                 C.remove_image(s.snapshot)

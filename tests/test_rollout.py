@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import batch_rollouts as R
 import pytest
 from conftest import ScriptedEngine
 
@@ -37,7 +38,7 @@ def test_attempt_runs_commands_and_tokens_match_a_one_shot_render(make_task, tok
     eng = ScriptedEngine(tok, [call("cd /app && export WORD=ok"), call("echo $WORD > out.txt"),
                                "<tool_call>\nnot a call", "All done."])
     with C.env_session():
-        (ep,), stats = C.run_attempts([task], eng, cfg())
+        (ep,), stats = R.run_attempts([task], eng, cfg())
     assert (ep.reward, ep.end, ep.turns, ep.malformed, ep.category) == (1.0, "answered", 4, 1, None)
     assert [c["command"] for c in ep.commands] == ["cd /app && export WORD=ok", "echo $WORD > out.txt"]
     assert ep.messages[3]["content"] == "[exit code: 0]" and "ERROR: malformed" in ep.messages[7]["content"]
@@ -54,12 +55,12 @@ def test_failure_snapshot_and_forked_recovery(make_task, tok):
     script = [call("echo wrong > /app/out.txt && cd /tmp"), call("ls /app")] * 3
     eng = ScriptedEngine(tok, script)
     with C.env_session():
-        (ep,), _ = C.run_attempts([task], eng, cfg(max_turns=2), commit="failed")
+        (ep,), _ = R.run_attempts([task], eng, cfg(max_turns=2), commit="failed")
         assert (ep.reward, ep.end, ep.category) == (0.0, "max_turns", "max_turns")
         assert C.docker_client().images.get(ep.snapshot).labels["reterm.keep"] == "1"
         state = C.FailureState.from_episode(ep, "scripted")
         eng.load([call("pwd; cat /app/out.txt"), call("echo ok > /app/out.txt"), "Fixed."])
-        groups, _ = C.run_recoveries([state], {task.name: task}, 2, eng, cfg())
+        groups, _ = R.run_recoveries([state], {task.name: task}, 2, eng, cfg())
         for rec in groups[0]:
             assert rec.reward == 1.0 and rec.parent == state.id
             assert rec.trace.ids[: len(state.ids)] == state.ids
@@ -137,7 +138,7 @@ def test_a_slow_command_does_not_delay_another_episodes_turns(make_task, tok):
                        "FAST task": [call(stamp), call(stamp), call(stamp), "Done."]})
     episodes = [C.first_attempt(slow, tok), C.first_attempt(fast, tok)]
     with C.env_session():
-        stats = C.run_episodes(episodes, [None, None], eng, cfg(concurrency=2))
+        stats = R.run_episodes(episodes, [None, None], eng, cfg(concurrency=2))
     s, f = episodes
     assert s.end == f.end == "answered" and len(f.commands) == 3 and not s.error and not f.error
     when = lambda ep, i: float(ep.messages[ep.attempt_from + 2 * i + 1]["content"].split()[0])  # noqa: E731
@@ -153,12 +154,12 @@ def test_agent_timeout_counts_each_episodes_own_time(make_task, tok):
     eng = ScriptedEngine(tok, [call("sleep 3"), "Done."])
     episodes = [C.first_attempt(task, tok) for _ in range(2)]
     with C.env_session():  # one slot: the second episode waits ~3 s for it, on nobody's clock
-        C.run_episodes(episodes, [None, None], eng, cfg(concurrency=1))
+        R.run_episodes(episodes, [None, None], eng, cfg(concurrency=1))
     assert [ep.end for ep in episodes] == ["answered", "answered"]
     eng = ScriptedEngine(tok, [call("sleep 3"), call("sleep 30"), "Done."])
     ep = C.first_attempt(task, tok)
     with C.env_session():
-        C.run_episodes([ep], [None], eng, cfg())
+        R.run_episodes([ep], [None], eng, cfg())
     # the second command only got what was left of the episode's own 5 s
     assert ep.end == "timeout" and ep.commands[1]["timed_out"] and ep.commands[1]["seconds"] < 4
 
