@@ -2067,7 +2067,8 @@ class Host:
     url: str | None  # None: the default engine
     slots: int  # containers at once
     busy: int = 0
-    held: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0])  # slot-seconds, releases
+    held_s: float = 0.0  # slot-seconds its released containers were held, summed
+    releases: int = 0  # containers released (the mean hold is held_s / releases)
     dead: str | None = None  # why the run gave it up
 
 
@@ -2155,7 +2156,7 @@ class Hosts:
             return self.move == "always"
         # wait ≈ a slot's mean holding time / slots; copy ≈ size / the rate of earlier copies (none
         # yet: assume the copy wins, as episodes take minutes and a copy seconds)
-        wait = min(h.held[0] / h.held[1] / h.slots if h.held[1] else float("inf") for h in homes)
+        wait = min(h.held_s / h.releases / h.slots if h.releases else float("inf") for h in homes)
         rate = self.counts["move_bytes"] / self.counts["move_s"] if self.counts["move_s"] else 100e6
         if image not in self.sizes:
             self.sizes[image] = docker_client(homes[0].url).api.inspect_image(image)["Size"]
@@ -2183,8 +2184,8 @@ class Hosts:
                 why = f"{type(e).__name__}: {e}"
         with self.cond:
             host.busy -= 1
-            host.held[0] += held_s
-            host.held[1] += 1
+            host.held_s += held_s
+            host.releases += 1
             if why and not host.dead:
                 host.dead = why
                 self.counts["hosts_lost"] += 1
@@ -2455,7 +2456,7 @@ class RolloutPool:
                 raise EngineClosed("the rollout pool was closed")
             host = _guard(ep, "start", lambda: HOSTS.acquire(image))
             if host is not None:
-                ep.host, held = host.url, time.monotonic()
+                ep.host, held_since = host.url, time.monotonic()
                 env = _guard(ep, "start", lambda: start_env(ep.task, image, self.internet, host=ep.host))
             if env is not None:
                 self._episode(ep, env, queue)
@@ -2465,7 +2466,7 @@ class RolloutPool:
             if env is not None:
                 env.close()
             if host is not None:
-                HOSTS.release(host, failed=ep.error is not None, held_s=time.monotonic() - held)
+                HOSTS.release(host, failed=ep.error is not None, held_s=time.monotonic() - held_since)
             if self.closed.is_set() and ep.snapshot:  # stopped: nobody will own this image
                 remove_image(ep.snapshot)
                 ep.snapshot = None
