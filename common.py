@@ -1401,47 +1401,112 @@ class Verdict:
 # command (see StorageWatch); a per-file `ulimit -f` of the storage cap binds single huge files at once.
 _STATE = "/var/lib/reterm"
 _SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-_KILL = r"""k() { local r p e; for r in 1 2 3; do for p in /proc/[0-9]*; do
-  mapfile -d '' e <$p/environ && [[ "${e[*]}" == *RETERM_CMD=$1* ]] && kill -9 ${p#/proc/}
-done; done 2>/dev/null; }"""
-_OUTER = _KILL + f"""
-S={_STATE}; o=$S/o.$1; h=$(($3 / 2)); C=$(( $3 > 1048576 ? $3 : 1048576 ))
-[ -d $S ] && [ ! -L $S ] || {{ rm -rf $S; mkdir -p $S; }}
-for d in $S/o.*; do [ -e $d/fin ] && rm -rf $d; done
-mkdir -p $o && mkfifo $o/p $o/q && echo 0 >$o/i || exit 125
-exec 3<>$o/q
-{{ stdbuf -o0 head -c $h >$o/h; i=0
-  while :; do echo $i >$o/i; stdbuf -o0 head -c $C >$o/c$((i % 3))
-    [ -s $o/c$((i % 3)) ] || break; i=$((i + 1))
-    [ -e $o/done ] && {{ cat >/dev/null; break; }}; done
-  : >$o/fin; echo >$o/q; }} <$o/p >/dev/null 2>&1 3>&- &
-( ulimit -f $4; RETERM_CMD=$1 exec timeout -k 2 "$2" \\
-  bash --noprofile --norc -c "$6" reterm "$1" "$5" "$7" ) \\
-  >$o/p 2>&1 </dev/null 3>&- &
-fg=$!
-{{ wait $fg; }} 2>/dev/null; rc=$?
-[ $rc = 124 ] || [ $rc = 137 ] && k $1
-read -t 1 -u 3 || : >$o/done
-i=$(<$o/i); n=$(cat $o/h $o/c* 2>/dev/null | wc -c); n=$(( n + (i > 2 ? (i - 2) * C : 0) ))
-if [ $n -le $3 ]; then cat $o/h $o/c0 2>/dev/null
-else head -c $h $o/h; printf '\\n[... %d bytes omitted ...]\\n' $((n - 2 * h))
-  for j in $((i - 2)) $((i - 1)) $i; do [ $j -ge 0 ] && cat $o/c$((j % 3)); done 2>/dev/null | tail -c $h; fi
-[ -e $o/fin ] && rm -rf $o
-exit $rc"""
-_INNER = f"""S={_STATE}; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
-if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$S/cmd.$1); command -p rm -f $S/cmd.$1; fi
-[ -f $S/env ] && . $S/env >/dev/null 2>&1
+# ---- the bash tool's shell scripts: each string below is a bash script, read it as one ----------------
+# One exec per call runs _OUTER (the harness's side), which starts _INNER (the agent's side) under
+# `timeout`; @STATE@ in them stands for _STATE.
+# kill_command ID: SIGKILL every process whose environment carries RETERM_CMD=ID. Three sweeps catch
+# the children a dying process forked while the sweep ran.
+_KILL = r"""kill_command() {
+  local sweep proc environ
+  for sweep in 1 2 3; do
+    for proc in /proc/[0-9]*; do
+      mapfile -d '' environ <$proc/environ &&
+        [[ "${environ[*]}" == *RETERM_CMD=$1* ]] && kill -9 ${proc#/proc/}
+    done
+  done 2>/dev/null
+}"""
+# The outer shell, the harness's side of one call. Arguments: $1 the call's id, $2 the timeout in
+# seconds, $3 the output bytes kept, $4 the file-size cap (ulimit -f, KiB), $5 the PATH the command
+# runs with, $6 the inner shell's script (_INNER), $7 the command ("": it waits in state/cmd.ID).
+_OUTER = _KILL + r"""
+id=$1 timeout=$2 keep=$3 file_cap=$4 agent_path=$5 inner=$6 cmd=$7
+state=@STATE@
+out=$state/o.$id                                # this call's capture folder
+half=$((keep / 2))                              # bytes of head, and of tail, when the output is cut
+chunk=$(( keep > 1048576 ? keep : 1048576 ))    # one rotating tail chunk: at least 1 MiB
+
+# 1. The state folder must be a real folder (the agent may have put a symlink or a file there);
+#    capture folders whose capturer has finished are left-overs of earlier calls.
+[ -d $state ] && [ ! -L $state ] || { rm -rf $state; mkdir -p $state; }
+for old in $state/o.*; do [ -e $old/fin ] && rm -rf $old; done
+
+# 2. The command writes into the FIFO `pipe`; the capturer says it is done on the FIFO `ack` (fd 3);
+#    `index` holds the number of the tail chunk being written.
+mkdir -p $out && mkfifo $out/pipe $out/ack && echo 0 >$out/index || exit 125
+exec 3<>$out/ack
+
+# 3. The capturer, in the background and unbuffered: the first `half` bytes into `head`, then chunks
+#    into tail0, tail1, tail2 in turn, counting them in `index`. Once `done` exists (the command is
+#    over) it drains the pipe without keeping it. It marks `fin` and writes to `ack` as it ends.
+{ stdbuf -o0 head -c $half >$out/head; n=0
+  while :; do echo $n >$out/index; stdbuf -o0 head -c $chunk >$out/tail$((n % 3))
+    [ -s $out/tail$((n % 3)) ] || break; n=$((n + 1))
+    [ -e $out/done ] && { cat >/dev/null; break; }; done
+  : >$out/fin; echo >$out/ack; } <$out/pipe >/dev/null 2>&1 3>&- &
+
+# 4. The command, in the background: the inner shell under `timeout` (KILL two seconds after the
+#    TERM), every process it starts marked RETERM_CMD=id, any file it writes capped at file_cap.
+( ulimit -f $file_cap; RETERM_CMD=$id exec timeout -k 2 "$timeout" \
+  bash --noprofile --norc -c "$inner" reterm "$id" "$agent_path" "$cmd" ) \
+  >$out/pipe 2>&1 </dev/null 3>&- &
+pid=$!
+
+# 5. Wait for it. At the timeout (124: TERM, 137: KILL) kill every process it left, setsid'd ones too.
+{ wait $pid; } 2>/dev/null; rc=$?
+[ $rc = 124 ] || [ $rc = 137 ] && kill_command $id
+
+# 6. Give the capturer a second: a background process of the command may still hold the pipe open,
+#    and then `done` tells the capturer to stop keeping output.
+read -t 1 -u 3 || : >$out/done
+
+# 7. The answer: the whole output if it fits in `keep` bytes, else its head, the number of bytes
+#    left out, and its tail from the last three chunks (chunks overwritten by the rotation count too).
+last=$(<$out/index); total=$(cat $out/head $out/tail* 2>/dev/null | wc -c)
+total=$(( total + (last > 2 ? (last - 2) * chunk : 0) ))
+if [ $total -le $keep ]; then cat $out/head $out/tail0 2>/dev/null
+else head -c $half $out/head; printf '\n[... %d bytes omitted ...]\n' $((total - 2 * half))
+  for j in $((last - 2)) $((last - 1)) $last; do
+    [ $j -ge 0 ] && cat $out/tail$((j % 3))
+  done 2>/dev/null | tail -c $half
+fi
+
+# 8. Remove the capture folder (one still draining is removed by a later call); pass the exit code on.
+[ -e $out/fin ] && rm -rf $out
+exit $rc""".replace("@STATE@", _STATE)
+# The inner shell, the agent's side: the command runs in it through eval, so every name it defines
+# is the agent's to see, hence the __rt_ prefix. Arguments: $1 the call's id, $2 the PATH the
+# command runs with, $3 the command ("": read it from the state folder).
+_INNER = r"""__rt_state=@STATE@; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
+
+# 1. The command: the argument, or the file a long one came in (removed once read).
+if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$__rt_state/cmd.$1); command -p rm -f $__rt_state/cmd.$1; fi
+
+# 2. The agent's state as the last call left it: exported variables, then the working directory.
+[ -f $__rt_state/env ] && . $__rt_state/env >/dev/null 2>&1
 export RETERM_CMD=$__rt_id
-[ -f $S/cwd ] && {{ cd "$(<$S/cwd)" 2>/dev/null || true; }}
-__rt_save() {{ [ "$BASHPID" = "$$" ] || return 0; [ -d $S ] || command -p mkdir -p $S
-  pwd >$S/cwd; export -p >$S/env; }} 2>/dev/null
-exit() {{ __rt_save; builtin exit "$@"; }}
-__rt_chain() {{ builtin trap -- "$2"$'\\n'__rt_save EXIT; }}
-trap() {{ builtin trap "$@"; local r=$? c; c=$(builtin trap -p EXIT); [[ $c == *__rt_save* ]] && return $r
-  if [ -n "$c" ]; then eval "__rt_chain ${{c#trap }}"; else builtin trap __rt_save EXIT; fi; return $r; }}
+[ -f $__rt_state/cwd ] && { cd "$(<$__rt_state/cwd)" 2>/dev/null || true; }
+
+# 3. __rt_save writes that state back; from this shell only (a subshell's cd is not the agent's).
+__rt_save() { [ "$BASHPID" = "$$" ] || return 0; [ -d $__rt_state ] || command -p mkdir -p $__rt_state
+  pwd >$__rt_state/cwd; export -p >$__rt_state/env; } 2>/dev/null
+
+# 4. ... on every way out: `exit`; the end of the shell (an EXIT trap, chained after one the agent
+#    sets with `trap`, not replaced by it); `exec`, just before it replaces the shell (a DEBUG trap).
+exit() { __rt_save; builtin exit "$@"; }
+__rt_chain() { builtin trap -- "$2"$'\n'__rt_save EXIT; }
+trap() {
+  builtin trap "$@"; local status=$? on_exit; on_exit=$(builtin trap -p EXIT)
+  [[ $on_exit == *__rt_save* ]] && return $status
+  if [ -n "$on_exit" ]; then eval "__rt_chain ${on_exit#trap }"; else builtin trap __rt_save EXIT; fi
+  return $status
+}
 builtin trap __rt_save EXIT
-builtin trap 'if [[ $BASH_COMMAND == exec\\ * ]]; then __rt_save; fi' DEBUG
-eval "$__rt_c\""""
+builtin trap 'if [[ $BASH_COMMAND == exec\ * ]]; then __rt_save; fi' DEBUG
+
+# 5. The command itself, in this shell, so that its cd and export persist.
+eval "$__rt_c"
+""".replace("@STATE@", _STATE)
+# ---- end of the bash tool's shell scripts --------------------------------------------------------------
 _EXEC_ENV = {"DEBIAN_FRONTEND": "noninteractive", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb",
              "PATH": _SYS_PATH, "BASH_ENV": "", "ENV": "", "LC_ALL": "C"}
 _ARGV_MAX = 100_000  # bytes of command passed as an argument; longer ones go as a file
@@ -1724,7 +1789,7 @@ class Env:
             return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
             with suppress(EnvError):
-                self._exec([*self._shell(), "-c", _KILL + '\nk "$1"', "kill", cid], EXEC_GRACE,
+                self._exec([*self._shell(), "-c", _KILL + '\nkill_command "$1"', "kill", cid], EXEC_GRACE,
                            self._harness_env())
             return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
                              124, True, time.monotonic() - t0)
