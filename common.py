@@ -8,7 +8,7 @@
   training math     length buckets, collate, masked token log-probs                      02 04
 
   Part II, plumbing a first read may skip
-  config · logging  dataclass -> kebab-case flags, JSONL, one-line errors, row checks  every stage
+  config · logging  dataclass -> kebab-case flags, JSONL, one-line errors, row checks   every stage
   tasks             Harbor task folders -> Task (validated limits), --sample splits      01 03 04 05
   docker env        engine, task images, Env (bash tool, snapshot, verify), reaper       01 03 04 05
   docker hosts      several engines: placement, snapshot copies, lost engines            01 03 04 05
@@ -17,8 +17,9 @@
   training          FSDP2, distributed helpers, checkpoints, HF export                   02 04
   tooling           tiny models made on the spot (tests, run_tiny.sh) and the CLI        tests, scripts
 
-Code that only one stage needs lives in that stage; helpers only tests and benchmarks need live
-under tests/ and bench/ (bench/batch_rollouts.py: whole batches of attempts, recovery groups, forks)."""
+Part I starts right below the imports; search "# Part II ·" for the plumbing. Code that only one
+stage needs lives in that stage; helpers only tests and benchmarks need live under tests/ and
+bench/ (bench/batch_rollouts.py: whole batches of attempts, recovery groups, forks)."""
 
 from __future__ import annotations
 
@@ -517,8 +518,9 @@ def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HF
 # ════════════════════════════════════════════════════════════════════════════
 # An attempt's trace always ends right after an assistant turn's <|im_end|>; observations
 # that arrived after it (e.g. the last command at max turns) stay in `messages` only and
-# enter the tokens as part of the next delta (the recovery message).
-
+# enter the tokens as part of the next delta (the recovery message). An episode is a first attempt
+# (first_attempt) or a recovery from a failure state's snapshot (recovery_attempt: 04's fork);
+# turn_loop plays it and _finish verifies it. RolloutPool (Part II) runs many on their own clocks.
 
 ERROR_CATEGORIES = {
     "timeout": "the agent timeout ran out",
