@@ -1555,20 +1555,38 @@ _TOOLCHAIN_DOCKERFILE = f"""FROM {BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends python3 git procps jq sqlite3 bc file \
 ca-certificates && rm -rf /var/lib/apt/lists/*
 """  # the bundled tasks' first two lines, byte for byte: the layer cache builds it once for all
-# Runs once in a toolchain container whose /usr is the (empty, so Docker fills it) volume: copy the
-# loader, link the library folder, write one wrapper per program, then mark the volume complete.
-_TOOLCHAIN_SETUP = r"""set -e; T=$1; L=$2; R=/usr/.reterm; rm -rf $R; mkdir -p $R/bin
-ld=$(readlink -f /lib64/ld-linux-x86-64.so.2 || readlink -f /lib/ld-linux-aarch64.so.1); cp "$ld" $R/ld.so
-lib=$(dirname "$ld"); ln -s "../${lib#/usr/}" $R/lib
-v=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-printf '%s\n' /usr/local/lib/python$v/dist-packages /usr/local/lib/python$v/site-packages \
+# Runs once in a toolchain container whose /usr is the (empty, so Docker fills it) volume. A bash
+# script: $1 is where the volume is mounted in task containers (TOOLS), $2 the library path the
+# wrappers hand the loader (_TOOLS_LIBS).
+_TOOLCHAIN_SETUP = r"""set -e
+tools=$1 libs=$2
+own=/usr/.reterm    # the toolchain's own files: the loader, a link to its libraries, the wrappers
+rm -rf $own; mkdir -p $own/bin
+
+# 1. The dynamic loader, copied, and a link to the folder of the libraries it loads.
+loader=$(readlink -f /lib64/ld-linux-x86-64.so.2 || readlink -f /lib/ld-linux-aarch64.so.1)
+cp "$loader" $own/ld.so
+lib=$(dirname "$loader"); ln -s "../${lib#/usr/}" $own/lib
+
+# 2. The toolchain's Python appends the agent's package folders after its own (a .pth file of
+#    folder names: their own .pth files are not run).
+py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+printf '%s\n' /usr/local/lib/python$py/dist-packages /usr/local/lib/python$py/site-packages \
   /usr/lib/python3/dist-packages >/usr/lib/python3/dist-packages/zz-reterm-agent-packages.pth
-for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin; do for f in $d/*; do
-  [ -x "$f" ] && [ ! -d "$f" ] && n=${f##*/} && [ ! -e $R/bin/$n ] || continue
-  t=$(readlink -f "$f"); case $t in /usr/*) ;; *) continue;; esac
-  printf '#!%s %s\nexec %s --library-path %s %s "$@"\n' $T/.reterm/ld.so $T/bin/bash $T/.reterm/ld.so $L \
-    "$T/${t#/usr/}" >$R/bin/$n; chmod 755 $R/bin/$n; done; done
-touch $R/complete"""
+
+# 3. One wrapper per program (the first of a name in PATH order; links out of /usr are skipped) that
+#    starts it with the toolchain's loader and libraries.
+for dir in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin; do for prog in $dir/*; do
+  [ -x "$prog" ] && [ ! -d "$prog" ] && name=${prog##*/} && [ ! -e $own/bin/$name ] || continue
+  target=$(readlink -f "$prog"); case $target in /usr/*) ;; *) continue;; esac
+  printf '#!%s %s\nexec %s --library-path %s %s "$@"\n' $tools/.reterm/ld.so $tools/bin/bash \
+    $tools/.reterm/ld.so $libs "$tools/${target#/usr/}" >$own/bin/$name
+  chmod 755 $own/bin/$name
+done; done
+
+# 4. The volume is complete (a setup that stopped half-way leaves no mark and runs again).
+touch $own/complete"""
+
 _toolchains: dict[str | None, str | None] = {}
 _toolchain_lock = threading.Lock()
 
