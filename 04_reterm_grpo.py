@@ -65,7 +65,10 @@ class Config:
     failures: str | None = None  # failures.jsonl from stage 03 (the initial pool)
     tasks: str = "tasks"  # folder of Harbor tasks the failures come from
     steps: int = 200  # optimizer steps (rollout batches)
-    mode: str = "fork"  # fork (ReTerm) | standard (GRPO from fresh starts, the ablation)
+    # fork (ReTerm) | standard (GRPO from fresh starts, the ablation) | standard_retry (fresh starts;
+    # a failed attempt goes on with the recovery turn in a fork of its container, and the pair is one
+    # sample: the baseline that can reach the recovery skill without a pool)
+    mode: str = "fork"
     batch_states: int = 16  # B: groups per step (failure states, or tasks in standard mode)
     group_size: int = 8  # G: attempts per group
     fresh_frac: float = 0.25  # fork mode: share of groups that start fresh and feed the pool
@@ -188,10 +191,17 @@ class Group:
     category: str  # the state's error category ("fresh" for fresh starts)
     episodes: list[C.Episode]
     task: str = ""  # the task's name
+    # standard_retry: each attempt's recovery, None where it passed (run_groups); [] in other modes
+    retries: list[C.Episode | None] = dataclasses.field(default_factory=list)
+
+    def samples(self) -> list[tuple[C.Episode, C.Episode | None]]:
+        """(attempt, its recovery or None) per sample; only standard_retry groups have recoveries."""
+        return list(zip(self.episodes, self.retries or [None] * len(self.episodes), strict=True))
 
     @property
     def rewards(self) -> list[float]:
-        return [ep.reward for ep in self.episodes]
+        """Per sample: the attempt's reward, or its recovery's when the attempt failed and had one."""
+        return [ep.reward if retry is None else retry.reward for ep, retry in self.samples()]
 
 
 def load_failures(path: str | Path) -> list[C.FailureState]:
@@ -342,7 +352,7 @@ def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
     """Rank 0, the pool's one owner: the step's group starts, B failure states to fork (or fresh
     starts of tasks), drawn by the pool rule. Every rank runs a share of them (see collect)."""
     rng = random.Random(f"{cfg.seed}-{step}")
-    n_fresh = cfg.batch_states if cfg.mode == "standard" else round(cfg.batch_states * cfg.fresh_frac)
+    n_fresh = round(cfg.batch_states * cfg.fresh_frac) if cfg.mode == "fork" else cfg.batch_states
     picked = pool.sample(sorted(pool.states), cfg.batch_states - n_fresh, rng)
     n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
     fresh = pool.sample(sorted(tasks), n_fresh, rng)
@@ -354,8 +364,10 @@ def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
 def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.RolloutConfig
                ) -> tuple[list[Group], dict]:
     """This rank's groups, through its own engine and container slots. Forks and fresh attempts
-    share one pool of slots: no group waits for another."""
-    tok, commit, groups = engine.tokenizer, "failed" if cfg.mode == "fork" else "none", []
+    share one pool of slots: no group waits for another. standard_retry: a failed attempt's snapshot
+    starts its recovery as soon as it is verified, then goes (it never enters a pool)."""
+    tok, groups = engine.tokenizer, []
+    commit = "none" if cfg.mode == "standard" else "failed"  # fork: pool states; standard_retry: retries
     for p in plan:
         if p["kind"] == "fork":
             s = C.FailureState(**p["state"])
@@ -367,12 +379,20 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
             groups.append(Group("fresh", t.name, "fresh", [C.first_attempt(t, tok, rcfg)
                                                            for _ in range(cfg.group_size)], t.name))
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
-        for g, p in zip(groups, plan, strict=True):
+        for i, (g, p) in enumerate(zip(groups, plan, strict=True)):
             image = p["state"]["snapshot"] if g.kind == "fork" else None
-            for ep in g.episodes:
-                rollouts.submit(ep, image, commit="none" if image else commit)
-        for _ in rollouts.completed():
-            pass
+            g.retries = [None] * len(g.episodes) if cfg.mode == "standard_retry" else []
+            for j, ep in enumerate(g.episodes):
+                rollouts.submit(ep, image, commit="none" if image else commit, tag=(i, j))
+        for (i, j), ep in rollouts.completed():
+            g = groups[i]
+            if g.retries and ep is g.episodes[j] and ep.snapshot and ep.error is None:
+                state = C.FailureState.from_episode(ep, "retry")
+                g.retries[j] = C.recovery_attempt(tasks[g.task], state, tok, rcfg)
+                rollouts.submit(g.retries[j], ep.snapshot, commit="none", tag=(i, j))
+    for ep in (ep for g in groups if g.retries for ep in g.episodes if ep.snapshot):
+        C.remove_image(ep.snapshot)  # its recovery has run
+        ep.snapshot = None
     stats = rollouts.stats() | {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost")
                                 if C.HOSTS.counts[k]}
     return groups, stats
@@ -407,10 +427,12 @@ def collect(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg
         groups[r::world] = share
     stats = _merge_stats([st for _, st in shares])
     stats["episodes_by_rank"] = [sum(len(g.episodes) for g in share) for share, _ in shares]
-    stats["env_errors"] = sum(ep.error is not None for g in groups for ep in g.episodes)
+    stats["env_errors"] = sum(e is not None and e.error is not None
+                              for g in groups for sample in g.samples() for e in sample)
     added = 0
-    for g in groups:
-        g.episodes = [ep for ep in g.episodes if ep.error is None]  # an environment failure says nothing
+    for g in groups:  # an environment failure says nothing: its sample goes
+        kept = [(ep, r) for ep, r in g.samples() if ep.error is None and (r is None or r.error is None)]
+        g.episodes, g.retries = [ep for ep, _ in kept], [r for _, r in kept] if g.retries else []
         for ep in (ep for ep in g.episodes if pool is not None and g.kind == "fresh" and ep.snapshot):
             C.HOSTS.note(ep.snapshot, ep.host)  # another rank may have made it
             state = C.FailureState.from_episode(ep, f"step{step}")
@@ -438,8 +460,11 @@ class Row:
 
 
 def group_rows(groups: list[Group], use_std: bool) -> list[Row]:
-    return [Row(ep.trace, a.item()) for g in groups
-            for ep, a in zip(g.episodes, group_advantages(g.rewards, use_std), strict=True)]
+    """A row per attempt with its sample's advantage; a standard_retry sample's failed attempt and
+    its recovery share it (one trajectory, one outcome)."""
+    return [Row(e.trace, a.item()) for g in groups
+            for (ep, retry), a in zip(g.samples(), group_advantages(g.rewards, use_std), strict=True)
+            for e in (ep, retry) if e is not None]
 
 
 def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
@@ -662,7 +687,7 @@ def log_step(row: dict, trained: bool) -> None:
 
 def main(argv: list[str] | None = None) -> Path:
     cfg = C.parse_config(Config, argv)
-    C.check_choice("--mode", cfg.mode, ("fork", "standard"))
+    C.check_choice("--mode", cfg.mode, ("fork", "standard", "standard_retry"))
     C.check_choice("--pool-weight", cfg.pool_weight, ("learnable", "hard"))
     if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
         raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")

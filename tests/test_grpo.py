@@ -297,3 +297,37 @@ def test_failure_states_that_fill_the_context_are_skipped_at_load(make_task, tmp
     assert G.fits(long, tasks, tok, rcfg, 64)  # --min-recovery-tokens 64
     pool = G.init_pool(cfg, tmp_path, tasks, tok, rcfg)  # the short one's image is absent: skipped too
     assert pool.skipped_long == 1 and "long" not in pool.states
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(make_task, tiny, tmp_path):
+    """--mode standard_retry: every failed fresh attempt goes on with the recovery turn in a fork of
+    its container; a sample's reward is then its recovery's, both attempts are rows with its
+    advantage, an attempt that passed has no recovery, and no snapshot outlives the step."""
+    fails = C.load_task(make_task("retry"))
+    always = "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
+    passes = C.load_task(make_task("pass1", test=always))
+    tok = C.load_tokenizer(tiny)
+    eng = ScriptedEngine(tok, [call("echo wrong > /app/out.txt"), "Done.",
+                               call("cat /app/out.txt; echo ok > /app/out.txt"), "Fixed."])
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", str(tmp_path), "--mode", "standard_retry",
+                                    "--group-size", "2", "--no-internet"])
+    rcfg = C.RolloutConfig(max_turns=5, max_context=8192, concurrency=4)
+    client = C.docker_client()
+    before = {im.id for im in client.images.list(filters={"label": C.LABEL})}
+    with C.env_session():
+        plan = [{"kind": "fresh", "key": "retry"}, {"kind": "fresh", "key": "pass1"}]
+        (a, b), stats = G.run_groups(plan, cfg, {"retry": fails, "pass1": passes}, eng, rcfg)
+    assert [ep.reward for ep in a.episodes] == [0.0, 0.0] and a.rewards == [1.0, 1.0]
+    for ep, retry in a.samples():
+        assert ep.snapshot is None and retry.reward == 1.0
+        # the recovery's context is the failed attempt itself, and only the recovery's turns train
+        assert retry.trace.ids[: len(ep.trace.ids)] == ep.trace.ids
+        assert not any(retry.trace.mask[: len(ep.trace.ids)]) and any(retry.trace.mask)
+        assert "cat /app/out.txt" in retry.commands[0]["command"]
+    assert b.rewards == [1.0, 1.0] and b.retries == [None, None]
+    assert stats["env_steps"] == 2 * 4 + 2 * 2  # both attempts of a retried sample count
+    rows = G.group_rows([a, b], True)
+    assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
+                                       a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
+    assert {im.id for im in client.images.list(filters={"label": C.LABEL})} <= before
