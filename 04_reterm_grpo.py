@@ -472,16 +472,20 @@ def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
     for g in (g for g in groups if g.kind == "fork"):
         by[g.category] += g.rewards
     rewards = [r for g in groups for r in g.rewards]
-    fresh = [r >= 1.0 for g in groups if g.kind == "fresh" for r in g.rewards]
-    return {"reward": sum(rewards) / max(1, len(rewards)),
-            "recovery": C.recovery_rate([r for v in by.values() for r in v]),  # Recovery@1 as stage 05
-            "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
-            "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
-            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool),
-            "pool_skipped_long": pool.skipped_long,
-            # every group's start and rewards: what a step learned from can be read back afterwards
-            "group_rewards": [{"kind": g.kind, "key": g.key, "task": g.task, "rewards": g.rewards}
-                              for g in groups]}
+    fresh = [ep.reward >= 1.0 for g in groups if g.kind == "fresh" for ep in g.episodes]  # first attempts
+    retries = [r.reward for g in groups for r in g.retries if r is not None]  # standard_retry only
+    metrics = {"reward": sum(rewards) / max(1, len(rewards)),
+               "recovery": C.recovery_rate([r for v in by.values() for r in v]),  # Recovery@1 as stage 05
+               "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
+               "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
+               "groups": len(groups), "groups_dropped": dropped, "pool": len(pool),
+               "pool_skipped_long": pool.skipped_long,
+               # every group's start and rewards: what a step learned from can be read back afterwards
+               "group_rewards": [{"kind": g.kind, "key": g.key, "task": g.task, "rewards": g.rewards}
+                                 for g in groups]}
+    if retries:  # the recoveries of failed first attempts
+        metrics["retry_recovery"] = C.recovery_rate(retries)
+    return metrics
 
 
 # ── training ──────────────────────────────────────────────────────────────────────────────────────

@@ -327,6 +327,8 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
         assert "cat /app/out.txt" in retry.commands[0]["command"]
     assert b.rewards == [1.0, 1.0] and b.retries == [None, None]
     assert stats["env_steps"] == 2 * 4 + 2 * 2  # both attempts of a retried sample count
+    metrics = G.step_metrics([a, b], 0, G.Pool(0.1))  # first attempts, and the recoveries on their own
+    assert (metrics["fresh_pass"], metrics["retry_recovery"], metrics["reward"]) == (0.5, 1.0, 1.0)
     rows = G.group_rows([a, b], True)
     assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
                                        a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
