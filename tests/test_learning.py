@@ -375,7 +375,8 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert [r["policy"] for r in prog] == ["sft", "fork", "standard", "standard_retry"]
     curve = res["per_seed"][0]["curve"]
     assert [r["recovery"] for r in prog] == [curve["fork"][0]["recovery"], curve["fork"][1]["recovery"],
-                                             curve["standard"][1]["recovery"]]
+                                             curve["standard"][1]["recovery"],
+                                             curve["standard_retry"][1]["recovery"]]
     done = (seed / "result.json").stat().st_mtime_ns
     assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
     assert (seed / "result.json").stat().st_mtime_ns == done
