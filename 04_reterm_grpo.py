@@ -528,8 +528,7 @@ def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_i
             logp = C.token_logprobs(model, b, cfg.temperature)
             old = b["old"] if "old" in b else logp.detach()
             w = truncated_is_weight(old, b["engine_logp"], cfg.is_cap) if cfg.is_cap > 0 else None
-            # normalised by the minibatch's trained tokens (all ranks, all micro-batches)
-            n_tok = max(b["n_tok"], 1)
+            n_tok = max(b["n_tok"], 1)  # the minibatch's trained tokens, all ranks and micro-batches
             loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w, n_tok)
             if ref_model is not None:
                 loss = loss + cfg.kl_beta * torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / n_tok
