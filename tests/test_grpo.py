@@ -120,7 +120,7 @@ def _bandit(model_dir, sign: float, steps: int = 6) -> list[float]:
         return probs[good].sum().item(), probs
 
     hist = [p_good()[0]]
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         _, probs = p_good()
         rows = []
         for _g in range(4):
@@ -134,7 +134,7 @@ def _bandit(model_dir, sign: float, steps: int = 6) -> list[float]:
                 trace.add_sampled([a], [probs[a].log().item()], trained=True)
                 rows.append(G.Row(trace, sign * adv.item()))
         if rows:
-            stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
+            stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id, step=step)
             assert stats["train_tokens"] == len(rows) and 0 <= stats["clip_frac"] <= 1
         hist.append(p_good()[0])
     return hist
@@ -163,7 +163,7 @@ def test_the_trainer_scores_tokens_at_the_rollout_temperature(tiny):
         argv = ["--model", "m", "--out", "o", "--lr", "0", "--temperature", str(temp)]
         cfg = C.parse_config(G.Config, argv)
         opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-        stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
+        stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id, step=1)
         assert (stats["mismatch_kl"] < 1e-6) == matches, (temp, stats)
         assert (abs(stats["is_weight"] - 1) < 1e-4) == matches, (temp, stats)
 

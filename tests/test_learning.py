@@ -259,7 +259,7 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     before = _mean_logp(model, batch, tok.pad_token_id)
     cfg = G.Config(model=str(sft), out=str(tmp_path / "grpo"), lr=1e-3, micro_tokens=16384)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    G.train_on_batch(model.train(), opt, batch, cfg, torch.device("cpu"), tok.pad_token_id)
+    G.train_on_batch(model.train(), opt, batch, cfg, torch.device("cpu"), tok.pad_token_id, step=1)
     after = _mean_logp(model.eval(), batch, tok.pad_token_id)
     delta = [a - b for a, b in zip(after, before, strict=True)]
     good = [d for d, r in zip(delta, batch, strict=True) if r.adv > 0]
