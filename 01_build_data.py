@@ -35,7 +35,10 @@ import common as C
 
 @dataclasses.dataclass(kw_only=True)
 class Config:
-    """Build verified recovery demonstrations (ReTerm-10K schema) from Harbor tasks."""
+    """Build verified recovery demonstrations (ReTerm-10K schema) from Harbor tasks.
+
+    Defaults are guesses (the paper's teacher and data settings are not public): faults per task,
+    tries, attempts, retries, concurrency; temperature 0.7 is Qwen3's model card's non-thinking one."""
 
     tasks: str = "tasks"  # folder of Harbor tasks
     out: str = "runs/data/reterm.jsonl"  # output JSONL (stats in OUT.stats.json, config in OUT.config.json)

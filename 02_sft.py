@@ -42,7 +42,11 @@ import common as C
 
 @dataclasses.dataclass(kw_only=True)
 class Config:
-    """SFT cold start (ReTerm stage 02). Defaults are the paper-scale run (8 GPUs)."""
+    """SFT cold start (ReTerm stage 02). Defaults are our choices for a paper-scale run (8 GPUs): the
+    paper's hyper-parameters are not public. torchtitan's AdamW defaults: weight_decay 0.1, beta2
+    0.95, grad_clip 1.0. transformers' TrainingArguments: 3 epochs. Guesses: lr 1e-5 (TRL's SFTConfig
+    uses 2e-5), warmup, min_lr_ratio (torchtitan decays to 0), grad_accum, save_every, workers;
+    max_len and micro_batch_tokens: 32k tokens, room for a long failed attempt and its recovery."""
 
     data: str  # ReTerm-10K-schema JSONL (id, task_id, messages, train_from_message_index, ...)
     model: str = "Qwen/Qwen3.5-9B"  # base model: local folder or hub name
@@ -393,20 +397,20 @@ def main(argv: list[str] | None = None) -> Path:
         groups = plan[step * per_step + rank:(step + 1) * per_step:world]
         batches = [C.collate([as_trace(traces[i]) for i in g], tok.pad_token_id, packed,
                              width=cfg.micro_batch_tokens if packed else None) for g in groups]
-        row = {"step": step + 1} | train_step(model, optimizer, scheduler, batches, cfg, device, world)
+        metrics = {"step": step + 1} | train_step(model, optimizer, scheduler, batches, cfg, device, world)
         step += 1
         seen = C.all_reduce_sum(sum(lengths[i] for g in groups for i in g))  # real (non-pad) tokens
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        row |= {"tokens": seen, "tokens_per_s": seen / dt, "seconds": dt,
-                "mfu": flops_tok * seen / dt / (peak * world) if peak else None,
-                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+        metrics |= {"tokens": seen, "tokens_per_s": seen / dt, "seconds": dt,
+                    "mfu": flops_tok * seen / dt / (peak * world) if peak else None, "peak_mem_gib":
+                    torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
         if rank == 0:
-            C.append_jsonl(out / "metrics.jsonl", row)
-            mfu = f" | mfu {row['mfu']:.1%}" if peak else ""
-            bar.write(f"step {step}/{total} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | grad-norm "
-                      f"{row['grad_norm']:.3f} | tok/s {row['tokens_per_s']:,.0f}{mfu}")
+            C.append_jsonl(out / "metrics.jsonl", metrics)
+            mfu = f" | mfu {metrics['mfu']:.1%}" if peak else ""
+            bar.write(f"step {step}/{total} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
+                      f"grad-norm {metrics['grad_norm']:.3f} | tok/s {metrics['tokens_per_s']:,.0f}{mfu}")
             bar.update(1)
         stop = cfg.stop_after and step - start >= cfg.stop_after and step < total
         if (cfg.save_every and step % cfg.save_every == 0) or step == total or stop:

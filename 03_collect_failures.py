@@ -24,7 +24,12 @@ import common as C
 
 @dataclasses.dataclass(kw_only=True)
 class Config:
-    """Run the policy on training tasks and keep every failed attempt as a forkable snapshot."""
+    """Run the policy on training tasks and keep every failed attempt as a forkable snapshot.
+
+    Defaults are our choices for a paper-scale run (the paper's hyper-parameters are not public):
+    temperature 1 and top_p 1 sample the full distribution, as stage 04's rollouts do (TRL's
+    GRPOConfig defaults), so the pool holds failures GRPO itself would meet; timeouts are the
+    tasks' own; attempts and concurrency are guesses."""
 
     tasks: str = "tasks"  # folder of Harbor training tasks
     model: str | None = None  # policy model folder (required unless --gc)

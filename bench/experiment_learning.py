@@ -10,6 +10,9 @@ Every stage is the real script, run as a subprocess:
          --stale-frac (default 0.5) of the tasks of every part start with a stale report.old in the
          output folder: a failure whose cause `ls` shows and whose repair is the same on every task
          (the policy's copy errors are specific to a pair: no update on other pairs fixes them);
+         --stale-vary: the entry's kind (file, folder, a folder at the output path) and name vary
+         by task, dev and held-out names never occur in training: a repair that must be read, and
+         recovery_by_cause reports Recovery@1 per kind and blind removals of a planted name;
          --fresh-out: every solution starts by emptying the output folder, so with --scopes from_start
          (01 redoes the whole task in every recovery) a recovery passes iff it copies the arguments
          right this time, with the failed attempt's wrong ones in context (use --stale-frac 0);
@@ -38,7 +41,9 @@ Every stage is the real script, run as a subprocess:
          states on pairs the policy copies rather than memorised, like held-out ones);
   04     --mode fork on the train pool, in chunks of --eval-every steps (resumed); after each chunk
          --mode standard on the train tasks is run up to the same cumulative environment steps
-         (--env-step-budget), so both modes are compared at an equal environment-step budget;
+         (--env-step-budget), so both modes are compared at an equal environment-step budget, and
+         with --retry-baseline (default) --mode standard_retry too: fresh starts whose failed attempts
+         go on with the recovery turn, the baseline that can reach the recovery skill without a pool;
   eval   after each chunk, both policies: Recovery@1 = --recovery-samples forks of every held-out
          failure state of the SFT policy (the same states for every policy), and 05 Pass@1 on
          held-out (temperature 1, --eval-trials per task), with --eval-retry (default) also success
@@ -84,6 +89,9 @@ class Config:
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
     stale_frac: float = 0.5  # share of tasks (every part) with a stale /app/out/report.old (microtasks)
+    # the stale entry varies by task (a file, a folder, or a folder at the output path; per-part names,
+    # dev and held-out names never trained on): its repair must be read, not recalled (microtasks)
+    stale_vary: bool = False
     plain_demos: bool = True  # plain-procedure recovery rows on stale-file train tasks (plain_rows)
     plain_frac: float = 0.5  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
@@ -100,6 +108,9 @@ class Config:
     # 05 evaluations also fork one recovery from each failed trial: success within one attempt plus one
     # recovery (Recovery-Bench's end-to-end figure), beside Pass@1; costs the recoveries' episodes
     eval_retry: bool = True
+    # a third policy, 04 --mode standard_retry at the same budget: fresh starts whose failed attempts go
+    # on with the recovery turn, so the recovery skill is reachable without a pool (the fair baseline)
+    retry_baseline: bool = True
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
@@ -135,14 +146,23 @@ class Config:
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
-                "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev")
+                "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev", "stale_vary")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
-          "count_pool_steps": False, "eval_retry": False}
-# recovery_by_cause keys: Recovery@1 by cause, and on stale-file states the share that removed the file
-# and Recovery@1 of those
-CAUSES = ("stale", "other", "stale_removed", "stale_removed_recovered", "blind_removal")
+          "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False}
+# recovery_by_cause keys: Recovery@1 by cause (any planted entry, none, and per kind), on the states with
+# a planted entry the share of recoveries that removed it and Recovery@1 of those, and blind removals
+CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_removed_recovered",
+          "blind_removal")
+
+
+
+
+def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
+    """The GRPO policies every seed trained: fork and standard, and standard_retry where all have it."""
+    retry = bool(per_seed) and all("standard_retry" in s["heldout_recovery_after"] for s in per_seed)
+    return ("fork", "standard", *(["standard_retry"] if retry else []))
 
 
 # the Config fields that say how a run ran, not what it measured: runs that differ only in them pool
@@ -206,15 +226,46 @@ def policy_engine(cfg: Config, model: Path, seed: int) -> C.VLLMEngine | C.HFEng
     return C.make_engine(cfg.engine, model, dtype="float32", **kw)
 
 
-def removes_stale(commands: list[dict]) -> bool:
-    """Whether an attempt's commands removed the stale file (an `rm` naming report.old)."""
-    return any("report.old" in (c := str(x.get("command"))) and "rm " in c for x in commands)
+def removes(commands: list[dict], names: list[str]) -> bool:
+    """Whether an attempt's commands removed something by one of `names` (an `rm` naming it)."""
+    return any("rm " in (c := str(x.get("command"))) and any(n in c for n in names) for x in commands)
+
+
+def load_causes(tasks: Path) -> dict[str, dict]:
+    """{task: {kind, path}} of the tasks with a planted entry (split.json; a split written before
+    --stale-vary existed planted /app/out/report.old on its "stale" tasks)."""
+    split = json.loads((tasks / "split.json").read_text())
+    return split.get("causes") or {t: {"kind": "file", "path": "/app/out/report.old"} for t in split["stale"]}
+
+
+def cause_stats(rec: list[float], commands: list[list[dict]], sample_tasks: list[str],
+                causes: dict[str, dict]) -> dict[str, float | None]:
+    """recovery_by_cause of one policy: Recovery@1 over the samples on tasks with a planted entry
+    ("stale"), without one ("other") and per kind; on the former the share of recoveries that removed
+    their own entry (found the cause) and Recovery@1 of those (redid the steps right); on the latter
+    the share that removed a planted name all the same: a blind repair, nothing showed a cause.
+    None: no such sample."""
+    def share(xs: list) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    kinds = [causes.get(t, {}).get("kind") for t in sample_tasks]
+    out = {"stale": share([r for r, k in zip(rec, kinds, strict=True) if k]),
+           "other": share([r for r, k in zip(rec, kinds, strict=True) if not k])}
+    out |= {kind: share([r for r, k in zip(rec, kinds, strict=True) if k == kind])
+            for kind in microtasks.STALE_KINDS}
+    samples = list(zip(rec, commands, sample_tasks, strict=True))
+    found = [(r, removes(c, [Path(causes[t]["path"]).name])) for r, c, t in samples if t in causes]
+    out["stale_removed"] = share([f for _, f in found])
+    out["stale_removed_recovered"] = share([r for r, f in found if f])
+    planted = [n for names in microtasks.STALE_NAMES.values() for n in names]
+    out["blind_removal"] = share([removes(c, planted) for _, c, t in samples if t not in causes])
+    return out
 
 
 def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: int
-                  ) -> tuple[list[float], list[bool]]:
+                  ) -> tuple[list[float], list[list[dict]]]:
     """One 0/1 per (held-out failure state, sample): `samples` recovery attempts forked from each;
-    and per sample whether it removed the stale file (removes_stale)."""
+    and per sample the commands it ran (cause_stats reads them)."""
     import gc
     import importlib
 
@@ -230,7 +281,7 @@ def recovery_at_1(cfg: Config, model: Path, failures: Path, tasks: Path, seed: i
     del engine
     gc.collect()
     eps = [ep for g in groups for ep in g]
-    return [float(ep.reward >= 1.0) for ep in eps], [removes_stale(ep.commands) for ep in eps]
+    return [float(ep.reward >= 1.0) for ep in eps], [ep.commands for ep in eps]
 
 
 def pass_at_1(cfg: Config, model: Path, tasks: Path, out: Path, seed: int, log: Path) -> float:
@@ -322,8 +373,8 @@ def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, s
 
     def demo(task: C.Task) -> None:
         steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
-        if steps[0][1] != microtasks.STALE_STEP[1]:
-            raise RuntimeError(f"{task.name}: solve.sh does not remove report.old first")
+        if not microtasks.is_stale_step(steps[0][0]):
+            raise RuntimeError(f"{task.name}: solve.sh does not remove the planted entry first")
         fault = build.Fault("drop", 0, "drop@0", [c for _, c in steps[1:]])
         row, outcome = build.oracle_row(bcfg, task, steps, fault)
         if row is None:
@@ -444,6 +495,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     train_dir, held_dir = tasks / "train", tasks / cfg.eval_on
     grpo_dir = grpo_tasks_dir(cfg, tasks)
     solutions = data.parent / "solutions.jsonl"
+    modes = ("fork", "standard", *(["standard_retry"] if cfg.retry_baseline else []))  # the GRPO policies
     res: dict = {"seed": seed, "wall_s": {}}
     t = time.monotonic()
 
@@ -521,41 +573,27 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     # A state whose task failed in every attempt shows a systematic error (the policy copies one argument
     # wrong on that pair each time), not bad luck: recovering means doing what it never does there.
     res["heldout_failures_unsolved_frac"] = sum(s["task"] not in solved for s in states) / max(1, len(states))
-    # the other failure cause: the stale /app/out/report.old (its repair is the same on every task)
-    stale = set(json.loads((tasks / "split.json").read_text()).get("stale", []))
-    res["heldout_failures_stale_frac"] = sum(s["task"] in stale for s in states) / max(1, len(states))
+    # the other failure cause: an entry an earlier run left in the output folder (load_causes)
+    causes = load_causes(tasks)
+    res["heldout_failures_stale_frac"] = sum(s["task"] in causes for s in states) / max(1, len(states))
+    # the held-out task of every sample (every policy forks the same states in the same order)
+    res["recovery_sample_tasks"] = [st["task"] for st in states for _ in range(cfg.recovery_samples)]
 
-    def by_cause(rec: list[float], removed: list[bool]) -> dict[str, float | None]:
-        """Recovery@1 over the states on stale-file tasks and over the others, and on the stale-file
-        states: the share of recoveries that removed the file (found the cause) and Recovery@1 of
-        those (redid the steps right). None: no such state or sample."""
-        flags = [s["task"] in stale for s in states for _ in range(cfg.recovery_samples)]
-        out = {}
-        for cause, want in (("stale", True), ("other", False)):
-            xs = [r for r, f in zip(rec, flags, strict=True) if f == want]
-            out[cause] = sum(xs) / len(xs) if xs else None
-        rm = [r for r, f, d in zip(rec, flags, removed, strict=True) if f and d]
-        out["stale_removed"] = len(rm) / flags.count(True) if True in flags else None
-        out["stale_removed_recovered"] = sum(rm) / len(rm) if rm else None
-        # a blind repair: the removal run on a state whose task has no stale file (nothing to see)
-        blind = [d for f, d in zip(flags, removed, strict=True) if not f]
-        out["blind_removal"] = sum(blind) / len(blind) if blind else None
-        return out
+    def by_cause(rec: list[float], commands: list[list[dict]]) -> dict[str, float | None]:
+        return cause_stats(rec, commands, res["recovery_sample_tasks"], causes)
     lap("collect_failures")
     try:
-        before, removed = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
+        before, commands = recovery_at_1(cfg, sft, fail["heldout"], held_dir, seed)
         res["recovery_before"] = before
-        # the held-out task of every sample (every policy forks the same states in the same order)
-        res["recovery_sample_tasks"] = [st["task"] for st in states for _ in range(cfg.recovery_samples)]
         res["heldout_recovery_before"] = sum(before) / max(1, len(before))
-        res["recovery_by_cause"] = {"before": by_cause(before, removed)}
+        res["recovery_by_cause"] = {"before": by_cause(before, commands)}
         # SFT's from stage 03: its attempts that passed, plus each failure state's share of recovered forks
         attempts = C.read_jsonl(out / "failures_heldout/attempts.jsonl")
         retry["sft"] = ((sum(a["reward"] >= 1.0 for a in attempts) + sum(before) / cfg.recovery_samples)
                         / max(1, len(attempts)))
         lap("recovery_before")
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
-                      "pass_at_1": res["sft_pass_at_1"]}] for m in ("fork", "standard")}
+                      "pass_at_1": res["sft_pass_at_1"]}] for m in modes}
         # every evaluation point as it is made: a seed stopped in a later chunk keeps the earlier ones
         progress = out / "progress.jsonl"
         progress.unlink(missing_ok=True)  # a resumed seed evaluates every point again
@@ -568,16 +606,16 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
             steps = min(cfg.grpo_steps, c * cfg.eval_every)
             budget = pool_steps + grpo_chunk(cfg, "fork", sft, out / "fork", steps, 0, grpo_dir,
                                              fail["train"], seed, last, log)
-            std = grpo_chunk(cfg, "standard", sft, out / "standard", 10**6, budget, grpo_dir, fail["train"],
-                             seed, last, log)
+            used = {"fork": budget} | {m: grpo_chunk(cfg, m, sft, out / m, 10**6, budget, grpo_dir,
+                                                     fail["train"], seed, last, log) for m in modes[1:]}
             lap(f"grpo_chunk{c}")
-            for mode, steps_used in (("fork", budget), ("standard", std)):
-                rec, removed = recovery_at_1(cfg, out / mode / "final", fail["heldout"], held_dir, seed)
+            for mode, steps_used in used.items():
+                rec, commands = recovery_at_1(cfg, out / mode / "final", fail["heldout"], held_dir, seed)
                 p = pass_at_1(cfg, out / mode / "final", held_dir, out / f"eval_{mode}_{c}", seed, log)
                 curve[mode].append({"env_steps": steps_used, "recovery": sum(rec) / max(1, len(rec)),
                                     "pass_at_1": p})
                 res["recovery_after_samples"][mode] = rec
-                res["recovery_by_cause"][mode] = by_cause(rec, removed)
+                res["recovery_by_cause"][mode] = by_cause(rec, commands)
                 res["env_steps"][mode] = steps_used
                 retry[mode] = success_with_retry(out / f"eval_{mode}_{c}")
                 C.append_jsonl(progress, {"policy": mode, "chunk": c, **curve[mode][-1],
@@ -588,7 +626,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         res["heldout_pass_at_1_after"] = {m: curve[m][-1]["pass_at_1"] for m in curve}
         res["heldout_success_with_retry"] = retry if cfg.eval_retry else None
         res["nonuniform_group_frac"] = {}
-        for mode in ("fork", "standard"):
+        for mode in modes:
             rows = C.read_jsonl(out / mode / "metrics.jsonl")
             groups = sum(r["groups"] for r in rows)
             res["nonuniform_group_frac"][mode] = 1 - sum(r["groups_dropped"] for r in rows) / max(1, groups)
@@ -611,7 +649,7 @@ def bootstrap(per_seed: list[dict], stat, n: int, rng: random.Random) -> list[fl
         draws = []
         for s in seeds:
             d = dict(s)
-            for key in ("before", "fork", "standard"):
+            for key in ("before", *s["recovery_after_samples"]):
                 xs = s["recovery_before"] if key == "before" else s["recovery_after_samples"][key]
                 d[key] = mean([rng.choice(xs) for _ in xs]) if xs else float("nan")
             draws.append(d)
@@ -628,9 +666,9 @@ def task_bootstrap(per_seed: list[dict], n: int, rng: random.Random) -> dict[str
     if not per_seed or any("recovery_sample_tasks" not in s for s in per_seed):
         return None
     tasks = sorted({t for s in per_seed for t in s["recovery_sample_tasks"]})
+    modes = modes_of(per_seed)
     policies = {"before": lambda s: s["recovery_before"],
-                "fork": lambda s: s["recovery_after_samples"]["fork"],
-                "standard": lambda s: s["recovery_after_samples"]["standard"]}
+                **{m: lambda s, m=m: s["recovery_after_samples"][m] for m in modes}}
     # per seed, policy and task: (sum of rewards, number of samples)
     sums = [{p: {t: [0.0, 0] for t in tasks} for p in policies} for _ in per_seed]
     for seed_sums, s in zip(sums, per_seed, strict=True):
@@ -638,9 +676,8 @@ def task_bootstrap(per_seed: list[dict], n: int, rng: random.Random) -> dict[str
             for t, r in zip(s["recovery_sample_tasks"], get(s), strict=True):
                 seed_sums[p][t][0] += r
                 seed_sums[p][t][1] += 1
-    stats = {"recovery_gain_fork": lambda m: m["fork"] - m["before"],
-             "recovery_gain_standard": lambda m: m["standard"] - m["before"],
-             "recovery_fork_minus_standard": lambda m: m["fork"] - m["standard"]}
+    stats = {**{f"recovery_gain_{p}": lambda m, p=p: m[p] - m["before"] for p in modes},
+             **{f"recovery_fork_minus_{p}": lambda m, p=p: m["fork"] - m[p] for p in modes[1:]}}
     vals: dict[str, list[float]] = {k: [] for k in stats}
     for _ in range(n):
         draw = [rng.choice(tasks) for _ in tasks]
@@ -668,7 +705,7 @@ def t_interval(xs: list[float]) -> list[float] | None:
 
 
 def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
-    modes = ("fork", "standard")
+    modes = modes_of(per_seed)
     def avg(key: str) -> dict:
         return {m: mean([s[key][m] for s in per_seed]) for m in modes}
 
@@ -712,8 +749,8 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
                                                     cfg.bootstrap, rng) for m in modes},
         **{f"recovery_gain_{m}": bootstrap(per_seed, lambda d, m=m: mean([x[m] - x["before"] for x in d]),
                                            cfg.bootstrap, rng) for m in modes},
-        "recovery_fork_minus_standard": bootstrap(
-            per_seed, lambda d: mean([x["fork"] - x["standard"] for x in d]), cfg.bootstrap, rng)}
+        **{f"recovery_fork_minus_{m}": bootstrap(per_seed, lambda d, m=m: mean([x["fork"] - x[m] for x in d]),
+                                                 cfg.bootstrap, rng) for m in modes[1:]}}
 
     def seed_ci(f) -> list[float] | None:  # f(one seed's results) -> a number
         return t_interval([f(s) for s in per_seed])
@@ -724,8 +761,10 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
         **{f"heldout_recovery_after_{m}": seed_ci(lambda s, m=m: s[after][m]) for m in modes},
         **{f"recovery_gain_{m}": seed_ci(lambda s, m=m: s[after][m] - s["heldout_recovery_before"])
            for m in modes},
-        "recovery_fork_minus_standard": seed_ci(lambda s: s[after]["fork"] - s[after]["standard"]),
-        "pass_at_1_fork_minus_standard": seed_ci(lambda s: s[passed]["fork"] - s[passed]["standard"])}
+        **{f"recovery_fork_minus_{m}": seed_ci(lambda s, m=m: s[after]["fork"] - s[after][m])
+           for m in modes[1:]},
+        **{f"pass_at_1_fork_minus_{m}": seed_ci(lambda s, m=m: s[passed]["fork"] - s[passed][m])
+           for m in modes[1:]}}
     res["ci95_tasks"] = task_bootstrap(per_seed, cfg.bootstrap, rng)
     res["per_seed"] = per_seed
     res["config"] = dataclasses.asdict(cfg)
@@ -797,7 +836,7 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     panels = ((axes[0], "recovery", "held-out Recovery@1"), (axes[1], "pass_at_1", "held-out Pass@1"))
     for ax, key, title in panels:
-        for mode, color in (("fork", "tab:red"), ("standard", "tab:blue")):
+        for mode, color in zip(modes_of(res["per_seed"]), ("tab:red", "tab:blue", "tab:green"), strict=False):
             curves = [s["curve"][mode] for s in res["per_seed"]]
             n = min(map(len, curves))
             xs = [mean([c[i]["env_steps"] for c in curves]) for i in range(n)]
@@ -809,7 +848,7 @@ def plot(res: dict, path: Path) -> None:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("ReTerm-GRPO on micro tasks: fork vs standard at equal environment steps (band: min-max)")
+    fig.suptitle("ReTerm-GRPO on micro tasks: fork vs baselines at equal environment steps (band: min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -838,7 +877,8 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.monotonic()
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
-                                cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev)
+                                cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev,
+                                cfg.stale_vary)
     recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
@@ -889,26 +929,26 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
     print(f"Pass@1 (T=1, held-out)  base {res['base_pass_at_1']:.3f}   SFT {res['sft_pass_at_1']:.3f}")
     print(f"held-out failure states on tasks the SFT policy failed in every attempt: "
           f"{res['heldout_failures_unsolved_frac']:.2f}")
-    print(f"{'policy':<12}{'env steps':>10}{'Recovery@1':>12}{'ci95':>18}{'Pass@1':>9}{'non-uniform':>13}")
-    print(f"{'SFT':<12}{0:>10}{res['heldout_recovery_before']:>12.3f}"
+    print(f"{'policy':<16}{'env steps':>10}{'Recovery@1':>12}{'ci95':>18}{'Pass@1':>9}{'non-uniform':>13}")
+    print(f"{'SFT':<16}{0:>10}{res['heldout_recovery_before']:>12.3f}"
           f"{str(r3(ci['heldout_recovery_before'])):>18}{res['sft_pass_at_1']:>9.3f}")
-    for m in ("fork", "standard"):
-        print(f"{m:<12}{res['env_steps'][m]:>10}{res['heldout_recovery_after'][m]:>12.3f}"
+    modes = modes_of(res["per_seed"])
+    for m in modes:
+        print(f"{m:<16}{res['env_steps'][m]:>10}{res['heldout_recovery_after'][m]:>12.3f}"
               f"{str(r3(ci[f'heldout_recovery_after_{m}'])):>18}"
               f"{res['heldout_pass_at_1_after'][m]:>9.3f}{res['nonuniform_group_frac'][m]:>13.2f}")
-    print(f"Recovery@1 gain (ci95): fork {r3(ci['recovery_gain_fork'])}, standard "
-          f"{r3(ci['recovery_gain_standard'])}, fork - standard {r3(ci['recovery_fork_minus_standard'])}"
-          " (bootstrap over seeds and forks)")
+
+    def intervals(ci: dict, keys: tuple[str, ...]) -> str:
+        return ", ".join(f"{k.replace('recovery_', '').replace('_', ' ')} {r3(ci[k])}"
+                         for k in keys if k in ci)
+
+    gains = tuple(f"recovery_gain_{m}" for m in modes) + tuple(f"recovery_fork_minus_{m}" for m in modes[1:])
+    print(f"Recovery@1 ci95 (bootstrap over seeds and forks): {intervals(ci, gains)}")
     if len(res["seeds"]) > 1:
-        ts = res["ci95_seeds"]
-        print("seed-level t-ci95: gain fork " + ", standard ".join(
-            str(r3(ts[f"recovery_gain_{m}"])) for m in ("fork", "standard"))
-            + f", fork - standard {r3(ts['recovery_fork_minus_standard'])}, Pass@1 fork - standard "
-            f"{r3(ts['pass_at_1_fork_minus_standard'])}")
+        print("seed-level t-ci95: " + intervals(res["ci95_seeds"], gains + tuple(
+            f"pass_at_1_fork_minus_{m}" for m in modes[1:])))
     if res.get("ci95_tasks"):
-        tb = res["ci95_tasks"]
-        print(f"task-level paired bootstrap ci95: gain fork {r3(tb['recovery_gain_fork'])}, standard "
-              f"{r3(tb['recovery_gain_standard'])}, fork - standard {r3(tb['recovery_fork_minus_standard'])}")
+        print(f"task-level paired bootstrap ci95: {intervals(res['ci95_tasks'], gains)}")
     if res["heldout_failures_stale_frac"]:
         cause = res["recovery_by_cause"]
         print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "

@@ -1,7 +1,7 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
     python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--pool-frac 0]
-                                   [--stale-frac 0] [--fresh-out] [--seed 0]
+                                   [--stale-frac 0] [--stale-vary] [--fresh-out] [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
 Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json; --pool-frac also writes
@@ -63,6 +63,33 @@ RUN chmod 644 /app/data/*
 # failure states unlike any recovery row, none of them recovered.)
 STALE_DOCKERFILE = DOCKERFILE + "RUN mkdir /app/out && echo 'an earlier run' > /app/out/report.old\n"
 STALE_STEP = ("remove the stale report.old from the output folder", "rm -f /app/out/report.old")
+
+# --stale-vary: what an earlier run left differs by task, so the repair must be read from what the
+# policy sees (an `ls`, or the error of a write), not recalled: a file or a folder under a name drawn
+# per task, or a folder where the task's own output file goes (`clash`: `echo > out` fails with "Is a
+# directory", `cp` silently copies into it). The names of dev and held-out tasks never occur in
+# train or pool tasks, so a policy that removes a name it memorised does not repair them.
+STALE_KINDS = ("file", "folder", "clash")
+STALE_NAMES = {"train": ["report.old", "draft.tmp", "notes.bak", "cache.lock", "run.log", "old.csv",
+                         "temp.swp", "partial.out"],
+               "dev": ["stage.tmp", "build.log", "prev.bak"],
+               "heldout": ["stale.dat", "junk.txt", "leftover.part"]}
+
+
+def stale_cause(kind: str, name: str, dst: str) -> dict:
+    """The planted entry of a --stale-vary task: {kind, path, docker (the RUN line), step (its removal)}."""
+    path = f"/app/out/{dst}.txt" if kind == "clash" else f"/app/out/{name}"
+    make = {"file": f"mkdir -p /app/out && echo 'an earlier run' > {path}",
+            "folder": f"mkdir -p {path} && echo 'an earlier run' > {path}/part.txt",
+            "clash": f"mkdir -p {path}"}[kind]
+    what = {"file": "stale", "folder": "stale folder", "clash": "folder in the way of"}[kind]
+    return {"kind": kind, "path": path, "docker": f"RUN {make}\n",
+            "step": (f"remove the {what} {Path(path).name} from the output folder", f"rm -rf {path}")}
+
+
+def is_stale_step(description: str) -> bool:
+    """Whether a solution step is the removal of a planted entry (STALE_STEP or a stale_cause step)."""
+    return description.startswith("remove the ") and description.endswith(" from the output folder")
 
 TASK_TOML = """version = "1.0"
 
@@ -157,12 +184,15 @@ def split_pairs(seed: int, frac: float, pool_frac: float = 0.0, dev_frac: float 
             "train": set(pairs[c:])}
 
 
-def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool = False,
+def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool | dict = False,
                fresh_out: bool = False) -> str:
-    """One task folder; `stale`: the environment with a stale /app/out/report.old, and its removal as
-    the solution's first step (the task's name and instruction do not change); `fresh_out`: the
-    solution starts by emptying the output folder (FRESH_STEP, which removes a stale file too)."""
+    """One task folder; `stale`: the environment with a stale /app/out/report.old (or the entry of a
+    stale_cause dict), and its removal as the solution's first step (the task's name and instruction
+    do not change); `fresh_out`: the solution starts by emptying the output folder (FRESH_STEP, which
+    removes a stale entry too)."""
     spec = task_spec(template, src, dst, mode, fresh_out)
+    dockerfile, step = ((DOCKERFILE + stale["docker"], stale["step"]) if isinstance(stale, dict)
+                        else (STALE_DOCKERFILE, STALE_STEP))
     key = f"{src}-{mode}" if template == "mode" else src
     name = f"micro-{template}-{key}-{dst}"
     d = root / name
@@ -170,9 +200,9 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "instruction.md").write_text(spec["instruction"] + "\n")
     (d / "task.toml").write_text(TASK_TOML.format(template=template))
-    (d / "environment/Dockerfile").write_text(STALE_DOCKERFILE if stale else DOCKERFILE)
+    (d / "environment/Dockerfile").write_text(dockerfile if stale else DOCKERFILE)
     if stale and not fresh_out:
-        spec["steps"].insert(0, STALE_STEP)
+        spec["steps"].insert(0, step)
     for f, text in data_files().items():
         (d / "environment/data" / f).write_text(text)
         (d / "tests/data" / f).write_text(text)  # the verifier's own clean copies of the inputs
@@ -188,17 +218,19 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
              seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0, fresh_out: bool = False,
-             dev_frac: float = 0.0, n_dev: int = 40) -> dict:
+             dev_frac: float = 0.0, n_dev: int = 40, stale_vary: bool = False) -> dict:
     """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), with
     pool_frac > 0 every task on a share of the non-held-out pairs under pool/, and with dev_frac > 0
     up to n_dev tasks on a share of them under dev/; returns the split
-    {train: [...], dev: [...], pool: [...], heldout: [...], stale: [...]}.
+    {train: [...], dev: [...], pool: [...], heldout: [...], stale: [...], causes: {task: {kind, path}}}.
 
     The dev part is held-out-like (pairs never trained on) and is where recipe choices are judged,
     so the held-out part can stay unseen until a frozen recipe is evaluated on it.
 
     A task gets the stale-file environment with probability stale_frac, drawn per task from the seed
     and its name alone (so the same share in every part, and unchanged by n or the other shares).
+    With stale_vary its entry is a stale_cause whose kind and name are drawn the same way, the name
+    from its part's STALE_NAMES (pool tasks use the train names).
 
     The pool is for training that must not see those pairs in SFT: the learning experiment draws its
     GRPO failure states there, on pairs the policy copies rather than memorised, as on held-out.
@@ -216,14 +248,22 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     random.Random(f"tasks:{seed}").shuffle(combos)
     cap = {"train": n_train, "heldout": n_heldout, "pool": len(combos), "dev": n_dev}
     split: dict[str, list[str]] = {"train": [], "dev": [], "pool": [], "heldout": [], "stale": []}
+    causes: dict[str, dict] = {}
     for template, src, dst, mode in combos:
         part = next(k for k, ps in parts.items() if (src, dst) in ps)
         if len(split[part]) < cap[part]:
-            stale = random.Random(f"stale:{seed}:{template}:{src}:{dst}:{mode}").random() < stale_frac
+            key = f"{seed}:{template}:{src}:{dst}:{mode}"
+            stale: bool | dict = random.Random(f"stale:{key}").random() < stale_frac
+            if stale and stale_vary:
+                rng = random.Random(f"cause:{key}")
+                names = STALE_NAMES.get(part, STALE_NAMES["train"])
+                stale = stale_cause(rng.choice(STALE_KINDS), rng.choice(names), dst)
             split[part].append(write_task(out / part, template, src, dst, mode, stale, fresh_out))
             if stale:
                 split["stale"].append(split[part][-1])
-    split = {k: sorted(v) for k, v in split.items()}
+                cause = stale if isinstance(stale, dict) else stale_cause("file", "report.old", dst)
+                causes[split[part][-1]] = {"kind": cause["kind"], "path": cause["path"]}
+    split = {k: sorted(v) for k, v in split.items()} | {"causes": causes}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     return split
 
@@ -271,7 +311,7 @@ def make_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: i
 
 def env_hash(root: str | Path) -> str:
     """The distinct hashes of the tasks' environment/ folders: one for the family by construction, two
-    when some tasks have the stale file."""
+    when some tasks have the stale file (one per distinct planted entry with --stale-vary)."""
     hs = {hashlib.sha256(b"".join(p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file())).hexdigest()
           for d in Path(root).glob("*/*/environment")}
     return ",".join(sorted(hs))
@@ -289,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dev", type=int, default=40, help="dev tasks at most")
     p.add_argument("--stale-frac", type=float, default=0.0,
                    help="share of tasks whose output folder holds a stale file already")
+    p.add_argument("--stale-vary", action="store_true",
+                   help="the stale entry's kind and name vary by task, held-out names unseen in training")
     p.add_argument("--fresh-out", action="store_true",
                    help="solutions start by emptying the output folder (rm -rf /app/out && mkdir /app/out)")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
@@ -302,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     if not a.out:
         p.error("OUT is required (or --model)")
     s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac, a.fresh_out,
-                 a.dev_frac, a.dev)
+                 a.dev_frac, a.dev, a.stale_vary)
     print(f"{len(s['train'])} train, {len(s['dev'])} dev, {len(s['pool'])} pool, {len(s['heldout'])} held-out"
           f" tasks under {a.out}"
           f" ({len(s['stale'])} with the stale file)")

@@ -121,7 +121,7 @@ def _bandit(model_dir, sign: float, steps: int = 6) -> list[float]:
         return probs[good].sum().item(), probs
 
     hist = [p_good()[0]]
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         _, probs = p_good()
         rows = []
         for _g in range(4):
@@ -135,7 +135,7 @@ def _bandit(model_dir, sign: float, steps: int = 6) -> list[float]:
                 trace.add_sampled([a], [probs[a].log().item()], trained=True)
                 rows.append(G.Row(trace, sign * adv.item()))
         if rows:
-            stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
+            stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id, step=step)
             assert stats["train_tokens"] == len(rows) and 0 <= stats["clip_frac"] <= 1
         hist.append(p_good()[0])
     return hist
@@ -164,7 +164,7 @@ def test_the_trainer_scores_tokens_at_the_rollout_temperature(tiny):
         argv = ["--model", "m", "--out", "o", "--lr", "0", "--temperature", str(temp)]
         cfg = C.parse_config(G.Config, argv)
         opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-        stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id)
+        stats = G.train_on_batch(model, opt, rows, cfg, torch.device("cpu"), tok.pad_token_id, step=1)
         assert (stats["mismatch_kl"] < 1e-6) == matches, (temp, stats)
         assert (abs(stats["is_weight"] - 1) < 1e-4) == matches, (temp, stats)
 
@@ -298,3 +298,39 @@ def test_failure_states_that_fill_the_context_are_skipped_at_load(make_task, tmp
     assert G.fits(long, tasks, tok, rcfg, 64)  # --min-recovery-tokens 64
     pool = G.init_pool(cfg, tmp_path, tasks, tok, rcfg)  # the short one's image is absent: skipped too
     assert pool.skipped_long == 1 and "long" not in pool.states
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(make_task, tiny, tmp_path):
+    """--mode standard_retry: every failed fresh attempt goes on with the recovery turn in a fork of
+    its container; a sample's reward is then its recovery's, both attempts are rows with its
+    advantage, an attempt that passed has no recovery, and no snapshot outlives the step."""
+    fails = C.load_task(make_task("retry"))
+    always = "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
+    passes = C.load_task(make_task("pass1", test=always))
+    tok = C.load_tokenizer(tiny)
+    eng = ScriptedEngine(tok, [call("echo wrong > /app/out.txt"), "Done.",
+                               call("cat /app/out.txt; echo ok > /app/out.txt"), "Fixed."])
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", str(tmp_path), "--mode", "standard_retry",
+                                    "--group-size", "2", "--no-internet"])
+    rcfg = C.RolloutConfig(max_turns=5, max_context=8192, concurrency=4)
+    client = C.docker_client()
+    before = {im.id for im in client.images.list(filters={"label": C.LABEL})}
+    with C.env_session():
+        plan = [{"kind": "fresh", "key": "retry"}, {"kind": "fresh", "key": "pass1"}]
+        (a, b), stats = G.run_groups(plan, cfg, {"retry": fails, "pass1": passes}, eng, rcfg)
+    assert [ep.reward for ep in a.episodes] == [0.0, 0.0] and a.rewards == [1.0, 1.0]
+    for ep, retry in a.samples():
+        assert ep.snapshot is None and retry.reward == 1.0
+        # the recovery's context is the failed attempt itself, and only the recovery's turns train
+        assert retry.trace.ids[: len(ep.trace.ids)] == ep.trace.ids
+        assert not any(retry.trace.mask[: len(ep.trace.ids)]) and any(retry.trace.mask)
+        assert "cat /app/out.txt" in retry.commands[0]["command"]
+    assert b.rewards == [1.0, 1.0] and b.retries == [None, None]
+    assert stats["env_steps"] == 2 * 4 + 2 * 2  # both attempts of a retried sample count
+    metrics = G.step_metrics([a, b], 0, G.Pool(0.1))  # first attempts, and the recoveries on their own
+    assert (metrics["fresh_pass"], metrics["retry_recovery"], metrics["reward"]) == (0.5, 1.0, 1.0)
+    rows = G.group_rows([a, b], True)
+    assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
+                                       a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
+    assert {im.id for im in client.images.list(filters={"label": C.LABEL})} <= before

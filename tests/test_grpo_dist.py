@@ -272,7 +272,7 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
             assert "loss" not in x
             continue
         stats = G.train_on_batch(model, opt, [G.Row(t, a) for t, a in saved], cfg, torch.device("cpu"),
-                                 tok.pad_token_id)
+                                 tok.pad_token_id, step=x["step"])
         assert stats["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], stats, x)
         assert stats["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4, abs=1e-6)
         assert stats["nll"] == pytest.approx(x["nll"], abs=1e-5)  # the policy before this step's update

@@ -103,6 +103,59 @@ def test_stale_file_fails_the_plain_procedure_observably_and_the_repair_passes(d
         assert env.verify().reward == 1.0
 
 
+def test_varied_causes_hold_their_names_out_and_each_is_observable_and_repairable(docker_ready, tmp_path):
+    """--stale-vary: the planted entry's kind and name vary by task; dev and held-out tasks carry
+    names no train or pool task has; each solution removes its own entry first. In a container, for
+    each kind: the plain procedure fails the tests, what the policy sees names the entry, and the
+    solution's removal step repairs it."""
+    split = microtasks.generate(tmp_path / "v", n_train=120, n_heldout=40, seed=0, pool_frac=0.2,
+                                stale_frac=0.6, dev_frac=0.2, n_dev=30, stale_vary=True)
+    causes = split["causes"]
+    assert set(causes) == set(split["stale"])
+    names = {part: {Path(causes[t]["path"]).name for t in split[part] if t in causes
+                    and causes[t]["kind"] != "clash"} for part in ("train", "pool", "dev", "heldout")}
+    assert names["heldout"] and names["dev"] and names["train"]
+    assert not (names["heldout"] | names["dev"]) & (names["train"] | names["pool"]), names
+    assert {c["kind"] for c in causes.values()} == set(microtasks.STALE_KINDS)
+    assert len(microtasks.env_hash(tmp_path / "v").split(",")) > 4  # one image per distinct entry
+    for part in ("train", "heldout"):
+        for name in (n for n in split[part] if n in causes):
+            first = (tmp_path / "v" / part / name / "solution/solve.sh").read_text().split("# step: ")[1]
+            assert microtasks.is_stale_step(first.splitlines()[0]) and causes[name]["path"] in first
+    for kind in microtasks.STALE_KINDS:
+        cause = microtasks.stale_cause(kind, "junk.txt", "elk")
+        name = microtasks.write_task(tmp_path / kind, "write", "apple", "elk", "", stale=cause)
+        task = C.load_task(tmp_path / kind / name)
+        with C.env_session(), C.start_env(task, internet=False) as env:
+            plain = env.bash("mkdir -p /app/out && echo apple > /app/out/elk.txt")
+            assert env.verify().reward == 0.0, kind
+            seen = plain.output + env.bash("ls -la /app/out").output
+            assert Path(cause["path"]).name in seen
+            assert ("Is a directory" in plain.output) == (kind == "clash"), plain.output
+            assert env.bash(cause["step"][1] + " && echo apple > /app/out/elk.txt").exit_code == 0
+            assert env.verify().reward == 1.0, kind
+
+
+def test_cause_stats_counts_recoveries_by_cause_own_removals_and_blind_ones():
+    import experiment_learning as E
+
+    rm = lambda *paths: [{"command": f"rm -rf {p}"} for p in paths]  # noqa: E731
+    causes = {"a": {"kind": "file", "path": "/app/out/junk.txt"},
+              "b": {"kind": "clash", "path": "/app/out/elk.txt"}}
+    rec = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    cmds = [rm("/app/out/junk.txt"), rm("/app/out/report.old"), rm("/app/out/elk.txt"), [],
+            rm("/app/out/report.old"), rm("/app/out/fox.txt")]
+    tasks = ["a", "a", "b", "b", "c", "c"]
+    st = E.cause_stats(rec, cmds, tasks, causes)
+    assert st["stale"] == 0.5 and st["other"] == 0.5 and st["file"] == 0.5 and st["clash"] == 0.5
+    assert st["folder"] is None
+    # a: one of two removed its own junk.txt; b: one of two removed the folder at elk.txt
+    assert st["stale_removed"] == 0.5 and st["stale_removed_recovered"] == 1.0
+    # c has nothing planted: removing report.old there is blind; removing its own wrong output is not
+    assert st["blind_removal"] == 0.5
+    assert set(st) == set(E.CAUSES)
+
+
 def test_repair_rows_remove_the_policys_stray_output_and_verify(docker_ready, tmp_path):
     """experiment_learning.repair_rows on a failure state made by hand: the output was written under
     the wrong name. The repair removes that file (and nothing the solution names), replays the
@@ -207,7 +260,7 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
     before = _mean_logp(model, batch, tok.pad_token_id)
     cfg = G.Config(model=str(sft), out=str(tmp_path / "grpo"), lr=1e-3, micro_tokens=16384)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    G.train_on_batch(model.train(), opt, batch, cfg, torch.device("cpu"), tok.pad_token_id)
+    G.train_on_batch(model.train(), opt, batch, cfg, torch.device("cpu"), tok.pad_token_id, step=1)
     after = _mean_logp(model.eval(), batch, tok.pad_token_id)
     delta = [a - b for a, b in zip(after, before, strict=True)]
     good = [d for d, r in zip(delta, batch, strict=True) if r.adv > 0]
@@ -248,7 +301,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
 
     out = tmp_path / "exp"
     argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
-            "--stale-frac", "0.5", "--plain-frac", "1",
+            "--stale-frac", "0.5", "--stale-vary", "--plain-frac", "1",
             "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
@@ -262,19 +315,21 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     for key in ("seeds", "heldout_tasks", "train_tasks", "sft_pass_at_1", "base_pass_at_1",
                 "heldout_recovery_before", "per_seed", "ci95", "ci95_seeds", "ci95_tasks"):
         assert key in res, key
+    assert "recovery_fork_minus_standard_retry" in res["ci95_tasks"]
     for key in ("heldout_recovery_after", "heldout_pass_at_1_after", "env_steps", "nonuniform_group_frac"):
-        assert set(res[key]) == {"fork", "standard"}, key
+        assert set(res[key]) == {"fork", "standard", "standard_retry"}, key
     s0 = res["per_seed"][0]
     assert len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"])
     assert res["evaluated_on"] == "dev" and set(s0["recovery_sample_tasks"]) <= set(res["dev_tasks"])
     assert res["seeds"] == [0] and len(res["heldout_tasks"]) == 3 and len(res["train_tasks"]) == 8
     parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks", "dev_tasks")]
     assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
-    # both modes ran to the same environment-step budget (standard may overshoot by its last step)
-    assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard"]
+    # every mode ran to the same environment-step budget (a baseline may overshoot by its last step)
+    assert 0 < res["env_steps"]["fork"] <= min(res["env_steps"][m] for m in ("standard", "standard_retry"))
     # success within one attempt + one recovery, for every policy, never below its Pass@1
     swr = res["heldout_success_with_retry"]
-    assert set(swr) == {"base", "sft", "fork", "standard"} and all(0 <= x <= 1 for x in swr.values())
+    assert set(swr) == {"base", "sft", "fork", "standard", "standard_retry"}
+    assert all(0 <= x <= 1 for x in swr.values())
     assert swr["fork"] >= res["heldout_pass_at_1_after"]["fork"]
     assert swr["sft"] >= res["per_seed"][0]["sft_pass_at_1"]
     # ... and fork's budget counts stage 03's pool collection
@@ -286,12 +341,14 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert {r["task"] for r in C.read_jsonl(seed / "eval_base/trials.jsonl")} == parts[3]
     assert {r["task_id"] for r in C.read_jsonl(out / "data/sft.jsonl")} <= parts[0]
     # no held-out task in any GRPO group of either mode (fork groups name their state's task)
-    grouped = {g["task"] for m in ("fork", "standard") for r in C.read_jsonl(seed / m / "metrics.jsonl")
+    grouped = {g["task"] for m in ("fork", "standard", "standard_retry")
+               for r in C.read_jsonl(seed / m / "metrics.jsonl")
                for g in r["group_rewards"]}
     assert grouped and grouped <= parts[0] | parts[1]
     # stale-file tasks have recovery rows but no first-attempt (solution) row: nothing tells a first
     # attempt that the file is there
-    stale = set(json.loads((out / "tasks/split.json").read_text())["stale"])
+    split = json.loads((out / "tasks/split.json").read_text())
+    stale = set(split["stale"])
     assert stale & parts[0] and not stale & {r["task_id"] for r in C.read_jsonl(out / "data/solutions.jsonl")}
     assert stale & parts[0] <= {r["task_id"] for r in C.read_jsonl(out / "data/reterm.jsonl")}
     # and (--plain-demos) each has the recovery from the plain procedure, the policy's first attempt there
@@ -302,11 +359,12 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
         tfi = r["train_from_message_index"]
         cmds = [[c["function"]["arguments"]["command"] for m in ms for c in m.get("tool_calls") or []]
                 for ms in (r["messages"][:tfi], r["messages"][tfi:])]
-        assert microtasks.STALE_STEP[1] not in cmds[0] and microtasks.STALE_STEP[1] in cmds[1], cmds
+        removal = f"rm -rf {split['causes'][r['task_id']]['path']}"  # --stale-vary: each its own entry
+        assert removal not in cmds[0] and removal in cmds[1], cmds
     assert 0 <= res["heldout_failures_stale_frac"] <= 1
-    assert set(res["recovery_by_cause"]) == {"before", "fork", "standard"}
+    assert set(res["recovery_by_cause"]) == {"before", "fork", "standard", "standard_retry"}
     assert set(res["recovery_by_cause"]["before"]) == set(E.CAUSES)
-    assert set(res["blind_repair_rate"]) == {"before", "fork", "standard"}
+    assert set(res["blind_repair_rate"]) == {"before", "fork", "standard", "standard_retry"}
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
              for r in C.read_jsonl(seed / f / "failures.jsonl")]
     assert snaps  # the random-init policy fails, so there were states to snapshot
@@ -315,10 +373,11 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
             C.docker_client().images.get(snap)
     # every evaluation point was recorded as it was made (what a seed stopped mid-way keeps)
     prog = C.read_jsonl(seed / "progress.jsonl")
-    assert [r["policy"] for r in prog] == ["sft", "fork", "standard"]
+    assert [r["policy"] for r in prog] == ["sft", "fork", "standard", "standard_retry"]
     curve = res["per_seed"][0]["curve"]
     assert [r["recovery"] for r in prog] == [curve["fork"][0]["recovery"], curve["fork"][1]["recovery"],
-                                             curve["standard"][1]["recovery"]]
+                                             curve["standard"][1]["recovery"],
+                                             curve["standard_retry"][1]["recovery"]]
     done = (seed / "result.json").stat().st_mtime_ns
     assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
     assert (seed / "result.json").stat().st_mtime_ns == done
