@@ -877,7 +877,8 @@ def parse_config(cls: type, argv: list[str] | None = None) -> Any:
         tp = hints[f.name]
         if type(None) in typing.get_args(tp):  # X | None -> X
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        kw: dict[str, Any] = {"default": default, "help": helps.get(f.name, " ")}
+        # argparse %-formats a help text: a literal % in a comment must be doubled
+        kw: dict[str, Any] = {"default": default, "help": helps.get(f.name, " ").replace("%", "%%")}
         if tp is bool:  # BooleanOptionalAction would read --no-internet as "internet off" = False
             kw["action"] = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
         elif typing.get_origin(tp) is list:
