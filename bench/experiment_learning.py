@@ -161,7 +161,7 @@ CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_rem
 
 def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
     """The GRPO policies every seed trained: fork and standard, and standard_retry where all have it."""
-    retry = bool(per_seed) and all("standard_retry" in s["heldout_recovery_after"] for s in per_seed)
+    retry = bool(per_seed) and all("standard_retry" in s.get("recovery_after_samples", {}) for s in per_seed)
     return ("fork", "standard", *(["standard_retry"] if retry else []))
 
 

@@ -156,6 +156,9 @@ import torch
 import common as C
 G = importlib.import_module("04_reterm_grpo")
 
+def print(*args, flush=True):  # one write per line: both ranks print at once, into one pipe
+    os.write(1, (" ".join(map(str, args)) + "\\n").encode())
+
 rank, world, _ = C.init_distributed(timeout_s=3)  # the training group: 3 s
 C.cpu_group(120)  # the hand-off group
 cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--batch-states", "2", "--mode", "standard"])
