@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole ReTerm pipeline, 01 -> 05, on CPU: a tiny random Qwen3 model, the bundled tasks and
-# real Docker. Same five scripts as the paper-scale run, with small flags. ~10-20 min on 2 cores.
+# real Docker. Same five scripts as the paper-scale run, with small flags. About 5 min on 2 cores
+# once set up (the first run also installs packages and builds the task images).
 #   bash run_tiny.sh [OUT]      (OUT defaults to runs/tiny-<time>; an existing OUT resumes)
 set -euo pipefail
 cd "$(dirname "$0")"
