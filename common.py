@@ -2034,6 +2034,17 @@ def remove_image(tag: str | None, host: str | None = None) -> None:
             docker_client(h).images.remove(tag, force=True)
 
 
+def remove_snapshots(*failure_files: str | Path) -> int:
+    """Remove the snapshot images these failure records (03's failures.jsonl) refer to, and nothing
+    else: the records become unusable. Kept snapshots otherwise stay until `reap --kept`, so that a
+    later 04 can fork them. Returns how many records were read."""
+    rows = [row for f in failure_files for row in read_jsonl(f)]
+    for row in rows:
+        HOSTS.note(row["snapshot"], row.get("host"))  # the engine that made it, if it is a run's engine
+        remove_image(row["snapshot"])
+    return len(rows)
+
+
 def _stale(labels: dict, everything: bool) -> bool:
     """A run is stale when its owning process is gone: same host and no such pid. Owners on other
     hosts (or without labels, from older versions) count as stale only with --all."""
@@ -2970,6 +2981,8 @@ def _cli(argv: list[str]) -> None:
                         help="also remove kept failure-state snapshots (their records become unusable)")
     reap_p.add_argument("--all", action="store_true", help="every run's, live ones and other hosts' included")
     reap_p.add_argument("--docker-hosts", default="", help="URL[,URL...]: engines to reap (default: local)")
+    reap_p.add_argument("--failures", nargs="+", metavar="FILE",
+                        help="instead: remove only the snapshots these failures.jsonl files refer to")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -2977,6 +2990,9 @@ def _cli(argv: list[str]) -> None:
     if args.cmd == "docker-up":
         docker_up()
         print(f"docker ready; base image {BASE_IMAGE} present")
+    elif args.cmd == "reap" and args.failures:
+        use_docker_hosts(args.docker_hosts)  # the engines that may hold copies
+        print(f"removed the snapshots of {remove_snapshots(*args.failures)} failure records")
     elif args.cmd == "reap":
         for host in use_docker_hosts(args.docker_hosts).live():
             n, m = reap(run_id=None, kept=args.kept, everything=args.all, host=host)

@@ -30,6 +30,9 @@ echo "== 04 ReTerm-GRPO (fork mode)"
 python3 04_reterm_grpo.py --failures "$OUT/failures/failures.jsonl" --tasks tasks \
   --model "$OUT/sft/final" --out "$OUT/grpo" --steps 2 --batch-states 2 --group-size 4 \
   --lr 1e-4 --dtype float32 --max-context 8192 --concurrency 8 "${ROLL[@]}"
+# 04 is done with stage 03's failure states: their snapshot images go (a real run keeps them for
+# later 04 runs until `python3 common.py reap --kept`)
+python3 common.py reap --failures "$OUT/failures/failures.jsonl"
 echo "== 05 evaluate (Pass@1 and Recovery@1)"
 python3 05_eval_tb2.py --tasks tasks --agent policy --model "$OUT/grpo/final" --out "$OUT/eval" \
   --dtype float32 --max-context 8192 --concurrency 8 --recovery "${ROLL[@]}"

@@ -482,12 +482,6 @@ def snapshots_present(failures: Path) -> bool:
     return all(collect.snapshot_exists(r["snapshot"], r.get("host")) for r in C.read_jsonl(failures))
 
 
-def remove_snapshots(*failure_files: Path) -> None:
-    for f in failure_files:
-        for row in C.read_jsonl(f):
-            C.remove_image(row["snapshot"])
-
-
 def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     out = Path(cfg.out) / f"seed{seed}"
     log = out / "log.txt"
@@ -538,7 +532,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
             try:
                 repair_rows(pre / "failures.jsonl", train_dir, pre / "repair_rows.jsonl", cfg.concurrency)
             finally:
-                remove_snapshots(pre / "failures.jsonl")
+                C.remove_snapshots(pre / "failures.jsonl")
             (pre / "repair_rows.jsonl").touch()
             (pre / "repair_rows.jsonl").rename(repairs)  # complete: a resumed run does not redo it
         mix = out / "sft_repair.jsonl"
@@ -632,7 +626,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
             res["nonuniform_group_frac"][mode] = 1 - sum(r["groups_dropped"] for r in rows) / max(1, groups)
             res[f"train_reward_{mode}"] = [(r["env_steps_total"], r["reward"]) for r in rows]
     finally:
-        remove_snapshots(fail["heldout"], fail["train"])
+        C.remove_snapshots(fail["heldout"], fail["train"])
     return res
 
 

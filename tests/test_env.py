@@ -180,3 +180,16 @@ def test_reap_keeps_failure_snapshots_unless_asked(env):
     assert not images.list(filters={"reference": scratch})
     C.reap(C.RUN_ID, kept=True)
     assert not images.list(filters={"reference": kept})
+
+
+def test_reap_failures_removes_only_the_snapshots_those_records_name(env, tmp_path):
+    """`python common.py reap --failures FILE`: what run_tiny.sh calls once 04 is done with 03's states."""
+    named, other = env.snapshot(keep=True), env.snapshot(keep=True)
+    C.append_jsonl(tmp_path / "failures.jsonl", {"snapshot": named, "host": None})
+    r = subprocess.run([sys.executable, str(ROOT / "common.py"), "reap", "--failures",
+                        str(tmp_path / "failures.jsonl")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 failure records" in r.stdout, r.stderr
+    images = C.docker_client().images
+    assert not images.list(filters={"reference": named})
+    assert images.list(filters={"reference": other})
+    C.remove_image(other)
