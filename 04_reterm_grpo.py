@@ -189,12 +189,15 @@ class Group:
     category: str  # the state's error category ("fresh" for fresh starts)
     episodes: list[C.Episode]
     task: str = ""  # the task's name
-    # standard_retry: each attempt's recovery, None where it passed (run_groups); [] in other modes
+    # per attempt, its recovery: only in standard_retry, after a failure (run_groups); else None
     retries: list[C.Episode | None] = dataclasses.field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.retries = self.retries or [None] * len(self.episodes)
+
     def samples(self) -> list[tuple[C.Episode, C.Episode | None]]:
-        """(attempt, its recovery or None) per sample; only standard_retry groups have recoveries."""
-        return list(zip(self.episodes, self.retries or [None] * len(self.episodes), strict=True))
+        """(attempt, its recovery or None) per sample."""
+        return list(zip(self.episodes, self.retries, strict=True))
 
     @property
     def rewards(self) -> list[float]:
@@ -375,7 +378,6 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
     with C.RolloutPool(engine, rcfg, not cfg.no_internet) as rollouts:
         for i, (g, p) in enumerate(zip(groups, plan, strict=True)):
             image = p["state"]["snapshot"] if g.kind == "fork" else None
-            g.retries = [None] * len(g.episodes) if cfg.mode == "standard_retry" else []
             # a fresh attempt's failure is kept as a snapshot: in fork mode a new pool state, in
             # standard_retry its recovery's start; a failed recovery's start is in the pool already,
             # and standard mode keeps no states
@@ -384,11 +386,11 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
                 rollouts.submit(ep, image, commit="failed" if keep_failed else "none", tag=(i, j))
         for (i, j), ep in rollouts.completed():
             g = groups[i]
-            if g.retries and ep is g.episodes[j] and ep.snapshot and ep.error is None:
+            if cfg.mode == "standard_retry" and ep is g.episodes[j] and ep.snapshot and ep.error is None:
                 state = C.FailureState.from_episode(ep, "retry")
                 g.retries[j] = C.recovery_attempt(tasks[g.task], state, tok, rcfg)
                 rollouts.submit(g.retries[j], ep.snapshot, commit="none", tag=(i, j))
-    for ep in (ep for g in groups if g.retries for ep in g.episodes if ep.snapshot):
+    for ep in (ep for g in groups if cfg.mode == "standard_retry" for ep in g.episodes if ep.snapshot):
         C.remove_image(ep.snapshot)  # its recovery has run
         ep.snapshot = None
     stats = rollouts.stats() | {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost")
@@ -430,7 +432,7 @@ def collect(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg
     added = 0
     for g in groups:  # an environment failure says nothing: its sample goes
         kept = [(ep, r) for ep, r in g.samples() if ep.error is None and (r is None or r.error is None)]
-        g.episodes, g.retries = [ep for ep, _ in kept], [r for _, r in kept] if g.retries else []
+        g.episodes, g.retries = [ep for ep, _ in kept], [r for _, r in kept]
         for ep in (ep for ep in g.episodes if pool is not None and g.kind == "fresh" and ep.snapshot):
             C.HOSTS.note(ep.snapshot, ep.host)  # another rank may have made it
             state = C.FailureState.from_episode(ep, f"step{step}")
