@@ -157,8 +157,6 @@ CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_rem
           "blind_removal")
 
 
-
-
 def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
     """The GRPO policies every seed trained: fork and standard, and standard_retry where all have it."""
     retry = bool(per_seed) and all("standard_retry" in s.get("recovery_after_samples", {}) for s in per_seed)
@@ -248,12 +246,11 @@ def cause_stats(rec: list[float], commands: list[list[dict]], sample_tasks: list
     def share(xs: list) -> float | None:
         return sum(xs) / len(xs) if xs else None
 
-    kinds = [causes.get(t, {}).get("kind") for t in sample_tasks]
-    out = {"stale": share([r for r, k in zip(rec, kinds, strict=True) if k]),
-           "other": share([r for r, k in zip(rec, kinds, strict=True) if not k])}
-    out |= {kind: share([r for r, k in zip(rec, kinds, strict=True) if k == kind])
-            for kind in microtasks.STALE_KINDS}
     samples = list(zip(rec, commands, sample_tasks, strict=True))
+    kinds = [causes.get(t, {}).get("kind") for t in sample_tasks]
+    by_kind = list(zip(rec, kinds, strict=True))
+    out = {"stale": share([r for r, k in by_kind if k]), "other": share([r for r, k in by_kind if not k])}
+    out |= {kind: share([r for r, k in by_kind if k == kind]) for kind in microtasks.STALE_KINDS}
     found = [(r, removes(c, [Path(causes[t]["path"]).name])) for r, c, t in samples if t in causes]
     out["stale_removed"] = share([f for _, f in found])
     out["stale_removed_recovered"] = share([r for r, f in found if f])
