@@ -1601,8 +1601,7 @@ def toolchain(host: str | None = None) -> str | None:
     with _toolchain_lock:
         if host in _toolchains:
             return _toolchains[host]
-        client, h = docker_client(host), hashlib.sha256((_TOOLCHAIN_DOCKERFILE + _TOOLCHAIN_SETUP).encode())
-        tag, vol = f"reterm-toolchain:{h.hexdigest()[:12]}", f"reterm-toolchain-{h.hexdigest()[:12]}"
+        client, (tag, vol) = docker_client(host), toolchain_names()
         try:
             try:
                 client.images.get(tag)
@@ -2025,6 +2024,36 @@ def trusted_verify(task: Task) -> bool:
     does. RETERM_TRUSTED_VERIFY=0 turns it off everywhere, =1 on for pinned images too."""
     flag = os.environ.get("RETERM_TRUSTED_VERIFY", "auto")
     return flag == "1" or (flag != "0" and task.docker_image is None)
+
+
+def toolchain_names() -> tuple[str, str]:
+    """This checkout's toolchain image tag and volume name: both carry a hash of the script that builds
+    them, so a change to it makes a new pair and leaves the old one (see remove_old_toolchains)."""
+    h = hashlib.sha256((_TOOLCHAIN_DOCKERFILE + _TOOLCHAIN_SETUP).encode()).hexdigest()[:12]
+    return f"reterm-toolchain:{h}", f"reterm-toolchain-{h}"
+
+
+def remove_old_toolchains(host: str | None = None) -> tuple[int, int]:
+    """Remove the toolchain images and volumes of other versions of the toolchain script, except those a
+    container uses (Docker refuses those); returns (images, volumes) removed. Only for when no run of
+    another checkout is going: between two verifications such a run's volume is in no container, and
+    its later verifications would not find the toolchain it was started with."""
+    import docker
+
+    client, (tag, vol) = docker_client(host), toolchain_names()
+    kind = {"label": "reterm.kind=toolchain"}
+    volumes = [v for v in client.volumes.list(filters=kind) if v.name != vol]
+    images = [im for im in client.images.list(filters=kind) if tag not in im.tags]
+    n_images = n_volumes = 0
+    for im in images:
+        with suppress(docker.errors.APIError):  # in use: a container (running or not) was made from it
+            client.images.remove(im.id)
+            n_images += 1
+    for v in volumes:
+        with suppress(docker.errors.APIError):  # in use: a container mounts it
+            v.remove()
+            n_volumes += 1
+    return n_images, n_volumes
 
 
 def remove_image(tag: str | None, host: str | None = None) -> None:
@@ -2983,6 +3012,9 @@ def _cli(argv: list[str]) -> None:
     reap_p.add_argument("--docker-hosts", default="", help="URL[,URL...]: engines to reap (default: local)")
     reap_p.add_argument("--failures", nargs="+", metavar="FILE",
                         help="instead: remove only the snapshots these failures.jsonl files refer to")
+    reap_p.add_argument("--toolchains", action="store_true",
+                        help="also remove toolchain images and volumes other checkouts built that no "
+                             "container uses (only while no run of another checkout is going)")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -2997,6 +3029,9 @@ def _cli(argv: list[str]) -> None:
         for host in use_docker_hosts(args.docker_hosts).live():
             n, m = reap(run_id=None, kept=args.kept, everything=args.all, host=host)
             print(f"{host or _default_url()}: removed {n} containers and {m} snapshot images")
+            if args.toolchains:
+                images, volumes = remove_old_toolchains(host)
+                print(f"{host or _default_url()}: removed {images} old toolchain images, {volumes} volumes")
     elif args.cmd == "tiny-model":
         print(make_tiny_model(args.out, arch=args.arch))
 

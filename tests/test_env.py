@@ -182,6 +182,31 @@ def test_reap_keeps_failure_snapshots_unless_asked(env):
     assert not images.list(filters={"reference": kept})
 
 
+def test_old_toolchains_go_unless_in_use_and_this_checkouts_stays():
+    """`reap --toolchains`: each change to the toolchain script builds a new image and volume; the old
+    ones go, except a volume a container still mounts (here one created, never started)."""
+    import io
+
+    client, (tag, vol) = C.docker_client(), C.toolchain_names()
+    assert C.toolchain() == vol
+    labels = {C.LABEL: "1", "reterm.kind": "toolchain"}
+    client.images.build(fileobj=io.BytesIO(f"FROM {C.BASE_IMAGE}\n".encode()), tag="reterm-toolchain:0ld0",
+                        labels=labels, rm=True)
+    old, used = (client.volumes.create(f"reterm-toolchain-0ld{i}", labels=labels) for i in (0, 1))
+    holder = client.containers.create(C.BASE_IMAGE, ["true"], labels={C.LABEL: "1"},
+                                      volumes={used.name: {"bind": "/t", "mode": "ro"}})
+    try:
+        images, volumes = C.remove_old_toolchains()
+        assert images >= 1 and volumes >= 1
+        assert not client.images.list(name="reterm-toolchain:0ld0")
+        left = {v.name for v in client.volumes.list(filters={"label": "reterm.kind=toolchain"})}
+        assert old.name not in left and {vol, used.name} <= left
+        assert client.images.list(name=tag)
+    finally:
+        holder.remove(force=True)
+        used.remove(force=True)
+
+
 def test_reap_failures_removes_only_the_snapshots_those_records_name(env, tmp_path):
     """`python common.py reap --failures FILE`: what run_tiny.sh calls once 04 is done with 03's states."""
     named, other = env.snapshot(keep=True), env.snapshot(keep=True)
