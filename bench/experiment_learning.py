@@ -762,28 +762,66 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
     return res
 
 
+def policy_tables(res: dict) -> str:
+    """The README's two tables: per policy its budget, Recovery@1 with the gain over SFT and both
+    95% intervals (seed-level t, task-level paired bootstrap), Pass@1 and success within one attempt
+    plus one recovery; then per policy Recovery@1 by the cause of the failure state, the share of
+    recoveries that removed their own planted entry, and blind removals (a planted name removed
+    where nothing was planted)."""
+    def f(x: float | None) -> str:
+        return "-" if x is None or x != x else f"{x:.3f}"
+
+    def ci(intervals: dict | None, key: str) -> str:
+        iv = (intervals or {}).get(key)
+        return "-" if not iv else f"[{iv[0]:+.3f}, {iv[1]:+.3f}]"
+
+    modes, swr = modes_of(res["per_seed"]), res.get("heldout_success_with_retry") or {}
+    before, after = res["heldout_recovery_before"], res["heldout_recovery_after"]
+    rows = ["| policy | env steps | Recovery@1 | gain over SFT | t-ci95 (seeds) | ci95 (tasks, paired) "
+            "| Pass@1 (T=1) | success, attempt + recovery |", "|---" * 8 + "|",
+            f"| base (random init) | - | - | - | - | - | {f(res['base_pass_at_1'])} | {f(swr.get('base'))} |",
+            f"| SFT | 0 | {f(before)} | - | - | - | {f(res['sft_pass_at_1'])} | {f(swr.get('sft'))} |"]
+    def both(key: str) -> str:
+        return f"{ci(res.get('ci95_seeds'), key)} | {ci(res.get('ci95_tasks'), key)}"
+
+    rows += [f"| {m} | {res['env_steps'][m]:,} | {f(after[m])} | {after[m] - before:+.3f} "
+             f"| {both(f'recovery_gain_{m}')} | {f(res['heldout_pass_at_1_after'][m])} | {f(swr.get(m))} |"
+             for m in modes]
+    rows += [f"| fork minus {m} | | | {after['fork'] - after[m]:+.3f} "
+             f"| {both(f'recovery_fork_minus_{m}')} | | |" for m in modes[1:]]
+    cause, kinds = res["recovery_by_cause"], microtasks.STALE_KINDS
+    rows += ["", "| policy | " + " | ".join(f"Recovery@1: {k}" for k in kinds) + " | no planted entry "
+             "| removed its own entry / Recovery@1 of those | blind removals |",
+             "|---" * (len(kinds) + 4) + "|"]
+    for p, c in cause.items():
+        removed = f"{f(c.get('stale_removed'))} / {f(c.get('stale_removed_recovered'))}"
+        rows.append(f"| {'SFT' if p == 'before' else p} | " + " | ".join(f(c.get(k)) for k in kinds)
+                    + f" | {f(c.get('other'))} | {removed} | {f(c.get('blind_removal'))} |")
+    return "\n".join(rows)
+
+
 def run_table(per_seed: list[dict], labels: list[str]) -> str:
-    """One markdown row per run: held-out Recovery@1 after SFT and after each mode's last chunk, the
-    share of stale-file recoveries that removed the file, Pass@1, the share of the fork run's groups
-    (forks and fresh starts) that were non-uniform, and the seed's minutes."""
+    """One markdown row per run: held-out Recovery@1 after SFT and after each mode's last chunk (its
+    gain in brackets), the share of stale-file recoveries that removed the planted entry, Pass@1, the
+    share of the fork run's groups (forks and fresh starts) that were non-uniform, and the seed's minutes."""
     def share(s: dict, policy: str) -> str:
         x = s.get("recovery_by_cause", {}).get(policy, {}).get("stale_removed")
         return "-" if x is None else f"{x:.2f}"
 
-    rows = ["| run | SFT Pass@1 | held-out states (stale share) | Recovery@1 SFT | fork | standard "
-            "| fork gain | standard gain | stale: removed the file, SFT → fork / standard "
-            "| Pass@1 fork / standard | non-uniform groups (fork run) | min |", "|---" * 12 + "|"]
+    modes = modes_of(per_seed)
+    names = " / ".join(modes)
+    rows = [f"| run | SFT Pass@1 | held-out states (stale share) | Recovery@1 SFT | {' | '.join(modes)} "
+            f"| stale: removed the entry, SFT → {names} | Pass@1 {names} | non-uniform groups (fork run) "
+            "| min |", "|---" * (8 + len(modes)) + "|"]
     for label, s in zip(labels, per_seed, strict=True):
         before, after = s["heldout_recovery_before"], s["heldout_recovery_after"]
-        passed = s["heldout_pass_at_1_after"]
-        rows.append(
-            f"| {label} | {s['sft_pass_at_1']:.3f} | {s['n_heldout_failures']} "
-            f"({s.get('heldout_failures_stale_frac', 0.0):.2f}) | {before:.3f} | {after['fork']:.3f} | "
-            f"{after['standard']:.3f} | **{after['fork'] - before:+.3f}** | "
-            f"{after['standard'] - before:+.3f} | "
-            f"{share(s, 'before')} → {share(s, 'fork')} / {share(s, 'standard')} | {passed['fork']:.3f} / "
-            f"{passed['standard']:.3f} | {s['nonuniform_group_frac']['fork']:.2f} | "
-            f"{sum(s['wall_s'].values()) / 60:.0f} |")
+        recovery = " | ".join(f"{after[m]:.3f} ({after[m] - before:+.3f})" for m in modes)
+        removed = f"{share(s, 'before')} → " + " / ".join(share(s, m) for m in modes)
+        passed = " / ".join(f"{s['heldout_pass_at_1_after'][m]:.3f}" for m in modes)
+        states = f"{s['n_heldout_failures']} ({s.get('heldout_failures_stale_frac', 0.0):.2f})"
+        rows.append(f"| {label} | {s['sft_pass_at_1']:.3f} | {states} | {before:.3f} | {recovery} "
+                    f"| {removed} | {passed} | {s['nonuniform_group_frac']['fork']:.2f} "
+                    f"| {sum(s['wall_s'].values()) / 60:.0f} |")
     return "\n".join(rows)
 
 
@@ -951,6 +989,7 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
         blind = res["blind_repair_rate"]  # nan where the runs did not record it
         print("blind repairs (the removal on states without the stale file): " + ", ".join(
             f"{p} {x:.2f}" if x == x else f"{p} -" for p, x in blind.items()))
+    print("\n" + policy_tables(res) + "\n")
     print(run_table(res["per_seed"], labels))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
 

@@ -422,6 +422,34 @@ def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
     assert E.t_interval([0.3]) is None  # one seed: no interval
 
 
+def test_policy_tables_give_each_policy_its_gain_both_intervals_and_each_cause():
+    """The README's tables: each GRPO policy's row carries its budget, Recovery@1, gain over SFT with
+    the seed-level and the task-level interval, Pass@1 and success within an attempt and a recovery;
+    the cause table has a row per policy; a missing interval or cause reads '-'."""
+    import experiment_learning as E
+
+    modes = ("fork", "standard", "standard_retry")
+    cause = {"file": 0.5, "folder": None, "clash": 0.25, "other": 0.0, "stale_removed": 0.4,
+             "stale_removed_recovered": 0.625, "blind_removal": 0.125}
+    res = {"per_seed": [{"recovery_after_samples": {m: [] for m in modes}}],
+           "base_pass_at_1": 0.0, "sft_pass_at_1": 0.25, "heldout_recovery_before": 0.2,
+           "heldout_recovery_after": {"fork": 0.35, "standard": 0.1, "standard_retry": 0.25},
+           "heldout_pass_at_1_after": {"fork": 0.3, "standard": 0.275, "standard_retry": 0.25},
+           "heldout_success_with_retry": {"base": 0.0, "sft": 0.3, "fork": 0.5, "standard": 0.35,
+                                          "standard_retry": 0.4},
+           "env_steps": {"fork": 3000, "standard": 3010, "standard_retry": 3050},
+           "ci95_seeds": {"recovery_gain_fork": [0.05, 0.25],
+                          "recovery_fork_minus_standard_retry": [-0.02, 0.22]},
+           "ci95_tasks": {"recovery_gain_fork": [0.1, 0.2]},
+           "recovery_by_cause": {p: cause for p in ("before", *modes)}}
+    rows = E.policy_tables(res).splitlines()
+    assert "| fork | 3,000 | 0.350 | +0.150 | [+0.050, +0.250] | [+0.100, +0.200] | 0.300 | 0.500 |" in rows
+    assert "| standard | 3,010 | 0.100 | -0.100 | - | - | 0.275 | 0.350 |" in rows
+    assert "| fork minus standard_retry | | | +0.100 | [-0.020, +0.220] | - | | |" in rows
+    assert "| SFT | 0 | 0.200 | - | - | - | 0.250 | 0.300 |" in rows
+    assert "| standard_retry | 0.500 | - | 0.250 | 0.000 | 0.400 / 0.625 | 0.125 |" in rows
+
+
 def test_task_bootstrap_is_paired_and_keeps_each_tasks_samples_together():
     """Resampling held-out tasks, not forks: a policy equal to the SFT policy on every sample has a
     zero-width gain interval (the draw is shared), a gain present on every task has a positive one,
