@@ -141,6 +141,9 @@ class Config:
     # containers at once: on 2 cores a 05 evaluation of 80 trials took 66 s at 16, 83 s at 8, 68 s at 32
     concurrency: int = 16
     bootstrap: int = 2000  # bootstrap resamples for ci95
+    # refuse to run unless this checkout is at this commit with no tracked file changed: a protocol's
+    # seeds all run the code its recipe was frozen at (each seed's result records its commit anyway)
+    require_commit: str = ""
     combine: list[str] = dataclasses.field(default_factory=list)  # pool finished runs of one split and recipe
 
 
@@ -164,7 +167,7 @@ def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
 
 
 # the Config fields that say how a run ran, not what it measured: runs that differ only in them pool
-RUN_FIELDS = ("out", "seeds", "engine", "concurrency", "bootstrap", "combine")
+RUN_FIELDS = ("out", "seeds", "engine", "concurrency", "bootstrap", "combine", "require_commit")
 
 
 def recipe(config: dict) -> dict:
@@ -180,6 +183,17 @@ def split_fields(config: dict) -> dict:
     if not fields["plain_demos"]:
         fields["plain_frac"] = None
     return fields
+
+
+def code_version() -> str | None:
+    """The commit this checkout is at, "+dirty" when a tracked file differs from it (None outside git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+        return git("rev-parse", "HEAD").strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def sh(args: list, log: Path) -> None:
@@ -758,6 +772,8 @@ def summarize(cfg: Config, per_seed: list[dict], split: dict) -> dict:
            for m in modes[1:]}}
     res["ci95_tasks"] = task_bootstrap(per_seed, cfg.bootstrap, rng)
     res["per_seed"] = per_seed
+    # the commits the seeds ran at ("None": a run from before the field, or outside git)
+    res["code"] = sorted({str(s.get("code")) for s in per_seed})
     res["config"] = dataclasses.asdict(cfg)
     return res
 
@@ -887,6 +903,11 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
     if cfg.combine:
         return combine(cfg)
+    version = code_version()
+    frozen = version and version.startswith(cfg.require_commit) and not version.endswith("+dirty")
+    if cfg.require_commit and not frozen:
+        raise SystemExit(f"--require-commit {cfg.require_commit}: this checkout is at {version}; run from "
+                         f"a clean checkout of it (git worktree add DIR {cfg.require_commit})")
     out = Path(cfg.out)
     if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
         old, new = split_fields(json.loads((out / "config.json").read_text())), split_fields(vars(cfg))
@@ -933,7 +954,7 @@ def main(argv: list[str] | None = None) -> dict:
         if path.exists():  # a finished seed is not redone
             per_seed.append(json.loads(path.read_text()))
             continue
-        r = run_seed(cfg, seed, tasks, data)
+        r = run_seed(cfg, seed, tasks, data) | {"code": version}
         path.write_text(json.dumps(r) + "\n")
         per_seed.append(r)
     res = summarize(cfg, per_seed, split)

@@ -322,6 +322,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     assert len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"])
     assert res["evaluated_on"] == "dev" and set(s0["recovery_sample_tasks"]) <= set(res["dev_tasks"])
     assert res["seeds"] == [0] and len(res["heldout_tasks"]) == 3 and len(res["train_tasks"]) == 8
+    assert res["code"] == [str(E.code_version())] == [str(s0["code"])]  # the commit the seed ran at
     parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks", "dev_tasks")]
     assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
     # every mode ran to the same environment-step budget (a baseline may overshoot by its last step)
@@ -339,7 +340,10 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     # --eval-on dev: every evaluation ran on dev tasks, and no held-out task was run at all
     assert {r["task"] for r in C.read_jsonl(seed / "failures_heldout/attempts.jsonl")} <= parts[3]
     assert {r["task"] for r in C.read_jsonl(seed / "eval_base/trials.jsonl")} == parts[3]
-    assert {r["task_id"] for r in C.read_jsonl(out / "data/sft.jsonl")} <= parts[0]
+    # no row of any SFT phase (the warm-up's solutions, recovery and plain rows) is on another part's task
+    rows = [r for f in ("sft.jsonl", "solutions.jsonl", "reterm.jsonl", "plain.jsonl")
+            for r in C.read_jsonl(out / "data" / f)]
+    assert rows and {r["task_id"] for r in rows} <= parts[0]
     # no held-out task in any GRPO group of either mode (fork groups name their state's task)
     grouped = {g["task"] for m in ("fork", "standard", "standard_retry")
                for r in C.read_jsonl(seed / m / "metrics.jsonl")
@@ -409,6 +413,15 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q", "-s"])
+
+
+def test_require_commit_refuses_another_checkout_before_it_writes_anything(tmp_path):
+    """--require-commit: a protocol's seeds run the code its recipe was frozen at, or not at all."""
+    import experiment_learning as E
+
+    with pytest.raises(SystemExit, match="--require-commit 0000000: this checkout is at"):
+        E.main(["--out", str(tmp_path / "run"), "--require-commit", "0000000"])
+    assert not (tmp_path / "run").exists()
 
 
 def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
