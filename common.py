@@ -1623,6 +1623,36 @@ def toolchain(host: str | None = None) -> str | None:
         return _toolchains[host]
 
 
+def toolchain_names() -> tuple[str, str]:
+    """This checkout's toolchain image tag and volume name: both carry a hash of the script that builds
+    them, so a change to it makes a new pair and leaves the old one (see remove_old_toolchains)."""
+    h = hashlib.sha256((_TOOLCHAIN_DOCKERFILE + _TOOLCHAIN_SETUP).encode()).hexdigest()[:12]
+    return f"reterm-toolchain:{h}", f"reterm-toolchain-{h}"
+
+
+def remove_old_toolchains(host: str | None = None) -> tuple[int, int]:
+    """Remove the toolchain images and volumes of other versions of the toolchain script, except those a
+    container uses (Docker refuses those); returns (images, volumes) removed. Only for when no run of
+    another checkout is going: between two verifications such a run's volume is in no container, and
+    its later verifications would not find the toolchain it was started with."""
+    import docker
+
+    client, (tag, vol) = docker_client(host), toolchain_names()
+    kind = {"label": "reterm.kind=toolchain"}
+    volumes = [v for v in client.volumes.list(filters=kind) if v.name != vol]
+    images = [im for im in client.images.list(filters=kind) if tag not in im.tags]
+    n_images = n_volumes = 0
+    for im in images:
+        with suppress(docker.errors.APIError):  # in use: a container (running or not) was made from it
+            client.images.remove(im.id)
+            n_images += 1
+    for v in volumes:
+        with suppress(docker.errors.APIError):  # in use: a container mounts it
+            v.remove()
+            n_volumes += 1
+    return n_images, n_volumes
+
+
 def _volume_complete(client: Any, tag: str, vol: str) -> bool:
     """Whether the volume exists and its setup ran to the end (a crash half-way leaves no mark)."""
     import docker
@@ -2024,36 +2054,6 @@ def trusted_verify(task: Task) -> bool:
     does. RETERM_TRUSTED_VERIFY=0 turns it off everywhere, =1 on for pinned images too."""
     flag = os.environ.get("RETERM_TRUSTED_VERIFY", "auto")
     return flag == "1" or (flag != "0" and task.docker_image is None)
-
-
-def toolchain_names() -> tuple[str, str]:
-    """This checkout's toolchain image tag and volume name: both carry a hash of the script that builds
-    them, so a change to it makes a new pair and leaves the old one (see remove_old_toolchains)."""
-    h = hashlib.sha256((_TOOLCHAIN_DOCKERFILE + _TOOLCHAIN_SETUP).encode()).hexdigest()[:12]
-    return f"reterm-toolchain:{h}", f"reterm-toolchain-{h}"
-
-
-def remove_old_toolchains(host: str | None = None) -> tuple[int, int]:
-    """Remove the toolchain images and volumes of other versions of the toolchain script, except those a
-    container uses (Docker refuses those); returns (images, volumes) removed. Only for when no run of
-    another checkout is going: between two verifications such a run's volume is in no container, and
-    its later verifications would not find the toolchain it was started with."""
-    import docker
-
-    client, (tag, vol) = docker_client(host), toolchain_names()
-    kind = {"label": "reterm.kind=toolchain"}
-    volumes = [v for v in client.volumes.list(filters=kind) if v.name != vol]
-    images = [im for im in client.images.list(filters=kind) if tag not in im.tags]
-    n_images = n_volumes = 0
-    for im in images:
-        with suppress(docker.errors.APIError):  # in use: a container (running or not) was made from it
-            client.images.remove(im.id)
-            n_images += 1
-    for v in volumes:
-        with suppress(docker.errors.APIError):  # in use: a container mounts it
-            v.remove()
-            n_volumes += 1
-    return n_images, n_volumes
 
 
 def remove_image(tag: str | None, host: str | None = None) -> None:

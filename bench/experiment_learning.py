@@ -797,6 +797,7 @@ def policy_tables(res: dict) -> str:
             "| Pass@1 (T=1) | success, attempt + recovery |", "|---" * 8 + "|",
             f"| base (random init) | - | - | - | - | - | {f(res['base_pass_at_1'])} | {f(swr.get('base'))} |",
             f"| SFT | 0 | {f(before)} | - | - | - | {f(res['sft_pass_at_1'])} | {f(swr.get('sft'))} |"]
+
     def both(key: str) -> str:
         return f"{ci(res.get('ci95_seeds'), key)} | {ci(res.get('ci95_tasks'), key)}"
 
@@ -1004,12 +1005,6 @@ def report(res: dict, split: dict, out: Path, labels: list[str]) -> None:
         print(f"held-out failure states on stale-file tasks: {res['heldout_failures_stale_frac']:.2f}; "
               "Recovery@1 stale / other: " + ", ".join(
                   f"{p} {cause[p]['stale']:.3f} / {cause[p]['other']:.3f}" for p in cause))
-        print("stale-file states, recoveries that removed the file / Recovery@1 of those: " + ", ".join(
-            f"{p} {cause[p]['stale_removed']:.2f} / {cause[p]['stale_removed_recovered']:.2f}"
-            for p in cause))
-        blind = res["blind_repair_rate"]  # nan where the runs did not record it
-        print("blind repairs (the removal on states without the stale file): " + ", ".join(
-            f"{p} {x:.2f}" if x == x else f"{p} -" for p, x in blind.items()))
     print("\n" + policy_tables(res) + "\n")
     print(run_table(res["per_seed"], labels))
     print(f"wrote {out / 'results.json'} and {out / 'learning.png'}")
