@@ -92,6 +92,9 @@ class Config:
     # the stale entry varies by task (a file, a folder, or a folder at the output path; per-part names,
     # dev and held-out names never trained on): its repair must be read, not recalled (microtasks)
     stale_vary: bool = False
+    # with stale_vary: names are STEM.EXT, one token per piece, split by (stem, extension) pair: every
+    # piece is trained, no dev or held-out name is (microtasks.composed_stale_names)
+    stale_compose: bool = False
     plain_demos: bool = True  # plain-procedure recovery rows on stale-file train tasks (plain_rows)
     plain_frac: float = 0.5  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
@@ -149,11 +152,13 @@ class Config:
 
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
-                "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev", "stale_vary")
+                "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev", "stale_vary",
+                "stale_compose")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
-          "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False}
+          "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False,
+          "stale_compose": False}
 # recovery_by_cause keys: Recovery@1 by cause (any planted entry, none, and per kind), on the states with
 # a planted entry the share of recoveries that removed it and Recovery@1 of those, and blind removals
 CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_removed_recovered",
@@ -512,7 +517,8 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
 
     base = out / "base"
     if not (base / "config.json").exists():
-        microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed)
+        words = microtasks.STALE_STEMS + microtasks.STALE_EXTS if cfg.stale_compose else []
+        microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed, words=words)
 
     def sft_phase(phase: str, rows: Path, start: Path, steps: int, lr: float) -> Path:
         # a constant learning rate without weight decay: a decaying one ends before copying appears
@@ -921,6 +927,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--eval-on dev needs a dev split: pass --dev-frac > 0")
     if not 0.0 <= cfg.plain_frac <= 1.0:
         raise SystemExit("--plain-frac is a share in [0, 1]")
+    if cfg.stale_compose and not cfg.stale_vary:
+        raise SystemExit("--stale-compose chooses the names of --stale-vary: add --stale-vary")
     if cfg.plain_demos and cfg.fresh_out:
         raise SystemExit("--fresh-out solutions remove the stale file that --plain-demos rows repair: "
                          "add --no-plain-demos")
@@ -929,7 +937,7 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
                                 cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev,
-                                cfg.stale_vary)
+                                cfg.stale_vary, cfg.stale_compose)
     recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,

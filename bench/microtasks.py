@@ -76,6 +76,30 @@ STALE_NAMES = {"train": ["report.old", "draft.tmp", "notes.bak", "cache.lock", "
                "heldout": ["stale.dat", "junk.txt", "leftover.part"]}
 
 
+# --stale-compose: a name is STEM.EXT instead, each piece one token of the policy's vocabulary
+# (make_model's `words`), and the names are split by (stem, extension) pair as the tasks are by
+# argument pair: every stem and extension occurs in train names, a dev or held-out name never does.
+# (Dev run 1, the lists above, which the tiny tokenizer cuts into 5-10 pieces each: the SFT policy's
+# dev recoveries removed their own planted entry in 8% and recovered 1%.)
+STALE_STEMS = ["report", "draft", "notes", "cache", "stage", "build", "prev", "junk"]
+STALE_EXTS = ["old", "tmp", "bak", "log", "part", "dat"]
+
+
+def composed_stale_names(seed: int, n_held: int = 6, n_dev: int = 6) -> dict[str, list[str]]:
+    """The STEM.EXT names of each part for a task seed: held-out and dev take n_held and n_dev (stem,
+    extension) pairs of one seeded order, train the rest; redrawn until every stem and extension is
+    still in a train name."""
+    pairs = [(s, e) for s in STALE_STEMS for e in STALE_EXTS]
+    for attempt in range(100):
+        random.Random(f"stale-names:{seed}:{attempt}").shuffle(pairs)
+        train = pairs[n_held + n_dev:]
+        if {s for s, _ in train} == set(STALE_STEMS) and {e for _, e in train} == set(STALE_EXTS):
+            names = [f"{s}.{e}" for s, e in pairs]
+            return {"heldout": names[:n_held], "dev": names[n_held:n_held + n_dev],
+                    "train": names[n_held + n_dev:]}
+    raise ValueError("no split of the stale names keeps every piece in train")
+
+
 def stale_cause(kind: str, name: str, dst: str) -> dict:
     """The planted entry of a --stale-vary task: {kind, path, docker (the RUN line), step (its removal)}."""
     path = f"/app/out/{dst}.txt" if kind == "clash" else f"/app/out/{name}"
@@ -218,7 +242,8 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
              seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0, fresh_out: bool = False,
-             dev_frac: float = 0.0, n_dev: int = 40, stale_vary: bool = False) -> dict:
+             dev_frac: float = 0.0, n_dev: int = 40, stale_vary: bool = False,
+             stale_compose: bool = False) -> dict:
     """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), with
     pool_frac > 0 every task on a share of the non-held-out pairs under pool/, and with dev_frac > 0
     up to n_dev tasks on a share of them under dev/; returns the split
@@ -230,7 +255,8 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     A task gets the stale-file environment with probability stale_frac, drawn per task from the seed
     and its name alone (so the same share in every part, and unchanged by n or the other shares).
     With stale_vary its entry is a stale_cause whose kind and name are drawn the same way, the name
-    from its part's STALE_NAMES (pool tasks use the train names).
+    from its part's STALE_NAMES (pool tasks use the train names), with stale_compose from its part's
+    composed_stale_names instead.
 
     The pool is for training that must not see those pairs in SFT: the learning experiment draws its
     GRPO failure states there, on pairs the policy copies rather than memorised, as on held-out.
@@ -249,6 +275,7 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     cap = {"train": n_train, "heldout": n_heldout, "pool": len(combos), "dev": n_dev}
     split: dict[str, list[str]] = {"train": [], "dev": [], "pool": [], "heldout": [], "stale": []}
     causes: dict[str, dict] = {}
+    stale_names = composed_stale_names(seed) if stale_compose else STALE_NAMES
     for template, src, dst, mode in combos:
         part = next(k for k, ps in parts.items() if (src, dst) in ps)
         if len(split[part]) < cap[part]:
@@ -256,7 +283,7 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
             stale: bool | dict = random.Random(f"stale:{key}").random() < stale_frac
             if stale and stale_vary:
                 rng = random.Random(f"cause:{key}")
-                names = STALE_NAMES.get(part, STALE_NAMES["train"])
+                names = stale_names.get(part, stale_names["train"])
                 stale = stale_cause(rng.choice(STALE_KINDS), rng.choice(names), dst)
             split[part].append(write_task(out / part, template, src, dst, mode, stale, fresh_out))
             if stale:
@@ -277,8 +304,9 @@ SYSTEM_PROMPT = "You are a terminal agent. Call the bash tool once per turn; ans
 
 
 def make_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: int = 4,
-               seed: int = 0) -> Path:
-    """A random-init Qwen3 (head_dim 32: vLLM on CPU rejects smaller) with the tiny tokenizer."""
+               seed: int = 0, words: list[str] = ()) -> Path:
+    """A random-init Qwen3 (head_dim 32: vLLM on CPU rejects smaller) with the tiny tokenizer; `words`
+    are one token each too, like the argument values (STALE_STEMS and STALE_EXTS with --stale-compose)."""
     import torch
     from tokenizers import AddedToken
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -287,7 +315,8 @@ def make_model(out_dir: str | Path, hidden: int = 128, layers: int = 4, heads: i
     out.mkdir(parents=True, exist_ok=True)
     tok = C.make_tiny_tokenizer()
     # every argument value is one token (see NAMES), so it is copied as one token, not 2-3 pieces
-    tok.add_tokens([AddedToken(w, single_word=True, normalized=False) for w in NAMES + DESTS + WORDS + MODES])
+    tok.add_tokens([AddedToken(w, single_word=True, normalized=False)
+                    for w in NAMES + DESTS + WORDS + MODES + list(words)])
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads,
@@ -331,6 +360,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="share of tasks whose output folder holds a stale file already")
     p.add_argument("--stale-vary", action="store_true",
                    help="the stale entry's kind and name vary by task, held-out names unseen in training")
+    p.add_argument("--stale-compose", action="store_true",
+                   help="--stale-vary names are STEM.EXT, split by (stem, extension) pair")
     p.add_argument("--fresh-out", action="store_true",
                    help="solutions start by emptying the output folder (rm -rf /app/out && mkdir /app/out)")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
@@ -339,12 +370,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=4, help="--model: transformer blocks")
     a = p.parse_args(argv)
     if a.model:
-        print(make_model(a.model, a.hidden, a.layers, heads=a.hidden // 32, seed=a.seed))
+        words = STALE_STEMS + STALE_EXTS if a.stale_compose else []
+        print(make_model(a.model, a.hidden, a.layers, heads=a.hidden // 32, seed=a.seed, words=words))
         return
     if not a.out:
         p.error("OUT is required (or --model)")
     s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac, a.fresh_out,
-                 a.dev_frac, a.dev, a.stale_vary)
+                 a.dev_frac, a.dev, a.stale_vary, a.stale_compose)
     print(f"{len(s['train'])} train, {len(s['dev'])} dev, {len(s['pool'])} pool, {len(s['heldout'])} held-out"
           f" tasks under {a.out}"
           f" ({len(s['stale'])} with the stale file)")

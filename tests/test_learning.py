@@ -136,6 +136,31 @@ def test_varied_causes_hold_their_names_out_and_each_is_observable_and_repairabl
             assert env.verify().reward == 1.0, kind
 
 
+def test_composed_stale_names_split_by_piece_pair_and_each_piece_is_one_token(tmp_path):
+    """--stale-compose: every stem and extension occurs in train names, no dev or held-out name
+    does; the split follows the task seed; generate plants them; make_model keeps each piece one token."""
+    for seed in (0, 20261203):
+        names = microtasks.composed_stale_names(seed)
+        train = set(names["train"])
+        assert not (set(names["dev"]) | set(names["heldout"])) & train
+        assert not set(names["dev"]) & set(names["heldout"])
+        assert {n.split(".")[0] for n in train} == set(microtasks.STALE_STEMS)
+        assert {n.split(".")[1] for n in train} == set(microtasks.STALE_EXTS)
+    assert microtasks.composed_stale_names(0) != microtasks.composed_stale_names(1)
+    split = microtasks.generate(tmp_path / "c", n_train=80, n_heldout=30, seed=0, stale_frac=0.8,
+                                dev_frac=0.2, n_dev=30, stale_vary=True, stale_compose=True)
+    names = microtasks.composed_stale_names(0)
+    for part in ("train", "dev", "heldout"):
+        planted = {Path(c["path"]).name for t, c in split["causes"].items() if t in split[part]
+                   and c["kind"] != "clash"}
+        assert planted and planted <= set(names[part]), (part, planted)
+    from transformers import AutoTokenizer
+    words = microtasks.STALE_STEMS + microtasks.STALE_EXTS
+    tok = AutoTokenizer.from_pretrained(microtasks.make_model(tmp_path / "m", 64, 1, heads=2, words=words))
+    pieces = [tok.decode([i]) for i in tok("rm -rf /app/out/cache.part")["input_ids"]]
+    assert pieces[-3:] == ["cache", ".", "part"], pieces
+
+
 def test_cause_stats_counts_recoveries_by_cause_own_removals_and_blind_ones():
     import experiment_learning as E
 
