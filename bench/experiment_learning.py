@@ -147,6 +147,9 @@ class Config:
     # refuse to run unless this checkout is at this commit with no tracked file changed: a protocol's
     # seeds all run the code its recipe was frozen at (each seed's result records its commit anyway)
     require_commit: str = ""
+    # stop each seed after the SFT policy's Recovery@1 (no GRPO, ~45 min of a 2-2.5 h seed): the cheap
+    # first look at a recipe candidate on dev; writes seed<s>/sft_result.json and an SFT-only results.json
+    sft_only: bool = False
     combine: list[str] = dataclasses.field(default_factory=list)  # pool finished runs of one split and recipe
 
 
@@ -603,6 +606,9 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         retry["sft"] = ((sum(a["reward"] >= 1.0 for a in attempts) + sum(before) / cfg.recovery_samples)
                         / max(1, len(attempts)))
         lap("recovery_before")
+        if cfg.sft_only:
+            res["sft_success_with_retry"] = retry["sft"]
+            return res
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
                       "pass_at_1": res["sft_pass_at_1"]}] for m in modes}
         # every evaluation point as it is made: a seed stopped in a later chunk keeps the earlier ones
@@ -959,13 +965,15 @@ def main(argv: list[str] | None = None) -> dict:
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
     for seed in range(cfg.seeds):
-        path = out / f"seed{seed}" / "result.json"
+        path = out / f"seed{seed}" / ("sft_result.json" if cfg.sft_only else "result.json")
         if path.exists():  # a finished seed is not redone
             per_seed.append(json.loads(path.read_text()))
             continue
         r = run_seed(cfg, seed, tasks, data) | {"code": version}
         path.write_text(json.dumps(r) + "\n")
         per_seed.append(r)
+    if cfg.sft_only:
+        return sft_report(cfg, per_seed, split, out)
     res = summarize(cfg, per_seed, split)
     res["n_sft_rows"] = {"recovery": len(C.read_jsonl(recoveries)), "plain": len(plain_kept),
                          "solution": len(C.read_jsonl(solutions))}
@@ -973,6 +981,28 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(res, out / "learning.png")
     report(res, split, out, [f"seed {s['seed']}" for s in per_seed])
+    return res
+
+
+def sft_report(cfg: Config, per_seed: list[dict], split: dict, out: Path) -> dict:
+    """--sft-only: the SFT policy's figures per seed and their mean (results.json), printed."""
+    keys = ("base_pass_at_1", "sft_pass_at_1", "sft_train_pass_at_1", "heldout_recovery_before",
+            "sft_success_with_retry", "heldout_failures_stale_frac", "n_heldout_failures")
+    res = {"sft_only": True, "seeds": [s["seed"] for s in per_seed], "evaluated_on": cfg.eval_on,
+           **{f"{k}_tasks": split.get(k, []) for k in ("heldout", "train", "pool", "dev")},
+           **{k: mean([s[k] for s in per_seed]) for k in keys}}
+    before = [s["recovery_by_cause"]["before"] for s in per_seed]
+    res |= {"recovery_by_cause": {"before": {c: mean([b[c] for b in before if b.get(c) is not None])
+                                             for c in CAUSES}},
+            "per_seed": per_seed, "code": sorted({str(s.get("code")) for s in per_seed}),
+            "config": dataclasses.asdict(cfg)}
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(f"\nSFT only, evaluated on {cfg.eval_on} ({len(split[cfg.eval_on])} tasks), seeds {res['seeds']}")
+    for k in keys:
+        print(f"{k:<30}{res[k]:>8.3f}   per seed {[round(s[k], 3) for s in per_seed]}")
+    by_cause = res["recovery_by_cause"]["before"].items()
+    print("Recovery@1 by cause: " + ", ".join(f"{c} {x:.3f}" for c, x in by_cause if x == x))  # nan: none
+    print(f"wrote {out / 'results.json'}")
     return res
 
 

@@ -449,6 +449,30 @@ def test_require_commit_refuses_another_checkout_before_it_writes_anything(tmp_p
     assert not (tmp_path / "run").exists()
 
 
+def test_sft_only_report_averages_the_seeds_and_skips_absent_causes(tmp_path):
+    """--sft-only: results.json holds the SFT policy's figures (mean over seeds, each seed kept), the
+    split's task lists and Recovery@1 by cause averaged over the seeds that had such states."""
+    import experiment_learning as E
+
+    def seed(s: int, rec: float, clash: float | None) -> dict:
+        return {"seed": s, "base_pass_at_1": 0.0, "sft_pass_at_1": 0.1 * (s + 1), "sft_train_pass_at_1": 0.5,
+                "heldout_recovery_before": rec, "sft_success_with_retry": 0.2, "n_heldout_failures": 70,
+                "heldout_failures_stale_frac": 0.6, "code": "abc",
+                "recovery_by_cause": {"before": {"file": rec, "clash": clash, "stale_removed": 0.5}}}
+
+    split = {"train": ["a"], "dev": ["b", "c"], "heldout": ["d"], "pool": []}
+    cfg = E.Config(out=str(tmp_path), eval_on="dev", sft_only=True)
+    res = E.sft_report(cfg, [seed(0, 0.1, None), seed(1, 0.3, 0.5)], split, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(res))
+    assert res["sft_only"] and res["dev_tasks"] == ["b", "c"] and res["evaluated_on"] == "dev"
+    assert res["sft_pass_at_1"] == pytest.approx(0.15)
+    assert res["heldout_recovery_before"] == pytest.approx(0.2)
+    before = res["recovery_by_cause"]["before"]
+    assert before["file"] == pytest.approx(0.2) and before["clash"] == 0.5 and before["stale_removed"] == 0.5
+    assert before["folder"] != before["folder"]  # no seed had such a state: nan, not 0
+    assert res["code"] == ["abc"] and len(res["per_seed"]) == 2
+
+
 def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
     """The interval the README quotes: four runs' fork gains, 3 degrees of freedom (t = 3.182)."""
     import experiment_learning as E
