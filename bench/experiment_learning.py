@@ -2,6 +2,7 @@
 
     python bench/experiment_learning.py --out DIR [--seeds 3]
     python bench/experiment_learning.py --combine RUN_DIR ... --out DIR   # pool finished runs' seeds
+    python bench/experiment_learning.py --out DIR --sft-only ...   # a dev candidate: SFT figures only
 
 Every stage is the real script, run as a subprocess:
   tasks  bench/microtasks.py writes train/ and held-out/ tasks (split by parameters, fixed seed):

@@ -1,7 +1,8 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
     python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--pool-frac 0]
-                                   [--stale-frac 0] [--stale-vary] [--fresh-out] [--seed 0]
+                                   [--stale-frac 0] [--stale-vary [--stale-compose]] [--fresh-out]
+                                   [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
 Writes OUT/train/<task>/ and OUT/heldout/<task>/ (+ OUT/split.json; --pool-frac also writes
