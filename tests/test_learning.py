@@ -473,6 +473,16 @@ def test_sft_only_report_averages_the_seeds_and_skips_absent_causes(tmp_path):
     assert res["code"] == ["abc"] and len(res["per_seed"]) == 2
 
 
+def test_name_copy_probe_scores_the_names_written_after_the_listing_showed_them():
+    """name_copy_probe: the stem and extension of every occurrence after the first (the `ls`
+    output), never the dot, never the listing itself."""
+    import name_copy_probe
+
+    ids = [5, 9, 1, 7, 3, 9, 1, 7, 4, 9, 1, 7]  # listing, then the recovery's two writes
+    assert name_copy_probe.name_positions(ids, [9, 1, 7]) == [5, 7, 9, 11]
+    assert name_copy_probe.name_positions([9, 1, 7, 2], [9, 1, 7]) == []
+
+
 def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
     """The interval the README quotes: four runs' fork gains, 3 degrees of freedom (t = 3.182)."""
     import experiment_learning as E
