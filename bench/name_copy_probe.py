@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
     policy = Path(a.policy or run / f"seed{a.seed}/sft/final")
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy).eval()
-    out = {"policy": str(policy),
+    # a policy that knows a stem (an extension) goes there but not which: 1/8 (1/6) at each piece
+    chance = (1 / len(microtasks.STALE_STEMS) + 1 / len(microtasks.STALE_EXTS)) / 2
+    out = {"policy": str(policy), "p_right_by_chance": chance,
            "train": probe(model, tok, C.read_jsonl(run / "data/plain.jsonl"), causes),
            "dev": probe(model, tok, C.read_jsonl(dev_rows), causes)}
     print(f"{'part':<6}{'rows':>6}{'name tokens':>13}{'p(right)':>10}{'argmax right':>14}"
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         r = out[part]
         print(f"{part:<6}{r['rows']:>6}{r['name_tokens']:>13}{r['mean_p_right']:>10.3f}"
               f"{r['argmax_right']:>14.3f}{r['argmax_other_piece']:>20.3f}")
+    print(f"(a uniform guess among the trained pieces: p(right) {chance:.3f})")
     (run / f"seed{a.seed}/name_copy_probe.json").write_text(json.dumps(out, indent=1) + "\n")
     return out
 
