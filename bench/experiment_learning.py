@@ -521,7 +521,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
 
     base = out / "base"
     if not (base / "config.json").exists():
-        words = microtasks.STALE_STEMS + microtasks.STALE_EXTS if cfg.stale_compose else []
+        words = microtasks.STALE_PIECES if cfg.stale_compose else []
         microtasks.make_model(base, cfg.hidden, cfg.layers, heads=cfg.hidden // 32, seed=seed, words=words)
 
     def sft_phase(phase: str, rows: Path, start: Path, steps: int, lr: float) -> Path:

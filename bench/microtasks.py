@@ -84,6 +84,7 @@ STALE_NAMES = {"train": ["report.old", "draft.tmp", "notes.bak", "cache.lock", "
 # dev recoveries removed their own planted entry in 8% and recovered 1%.)
 STALE_STEMS = ["report", "draft", "notes", "cache", "stage", "build", "prev", "junk"]
 STALE_EXTS = ["old", "tmp", "bak", "log", "part", "dat"]
+STALE_PIECES = STALE_STEMS + STALE_EXTS  # make_model's `words` with --stale-compose
 
 
 def composed_stale_names(seed: int, n_held: int = 6, n_dev: int = 6) -> dict[str, list[str]]:
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=4, help="--model: transformer blocks")
     a = p.parse_args(argv)
     if a.model:
-        words = STALE_STEMS + STALE_EXTS if a.stale_compose else []
+        words = STALE_PIECES if a.stale_compose else []
         print(make_model(a.model, a.hidden, a.layers, heads=a.hidden // 32, seed=a.seed, words=words))
         return
     if not a.out:

@@ -39,7 +39,7 @@ def name_positions(ids: list[int], piece_ids: list[int]) -> list[int]:
 def probe(model, tok, rows: list[dict], causes: dict) -> dict:
     import torch
 
-    piece = {w: tok.convert_tokens_to_ids(w) for w in microtasks.STALE_STEMS + microtasks.STALE_EXTS}
+    piece = {w: tok.convert_tokens_to_ids(w) for w in microtasks.STALE_PIECES}
     stats = {"tokens": 0, "p_right": 0.0, "argmax_right": 0, "argmax_other_piece": 0, "rows": 0}
     for row in rows:
         cause = causes.get(row["task_id"])
@@ -48,7 +48,6 @@ def probe(model, tok, rows: list[dict], causes: dict) -> dict:
         stem, ext = Path(cause["path"]).name.split(".")
         ids = C.render_ids(tok, row["messages"], add_generation_prompt=False)
         pos = name_positions(ids, [piece[stem], tok.convert_tokens_to_ids("."), piece[ext]])
-        pos = [p for p in pos if p > 0]
         if not pos:
             continue
         with torch.no_grad():

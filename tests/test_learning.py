@@ -155,8 +155,8 @@ def test_composed_stale_names_split_by_piece_pair_and_each_piece_is_one_token(tm
                    and c["kind"] != "clash"}
         assert planted and planted <= set(names[part]), (part, planted)
     from transformers import AutoTokenizer
-    words = microtasks.STALE_STEMS + microtasks.STALE_EXTS
-    tok = AutoTokenizer.from_pretrained(microtasks.make_model(tmp_path / "m", 64, 1, heads=2, words=words))
+    tok = AutoTokenizer.from_pretrained(microtasks.make_model(tmp_path / "m", 64, 1, heads=2,
+                                                              words=microtasks.STALE_PIECES))
     pieces = [tok.decode([i]) for i in tok("rm -rf /app/out/cache.part")["input_ids"]]
     assert pieces[-3:] == ["cache", ".", "part"], pieces
 
