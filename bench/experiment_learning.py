@@ -127,6 +127,9 @@ class Config:
     sft_lr: float = 1e-3  # 02, phase 2: learning rate (constant, as phase 1)
     sft_batch_tokens: int = 2048  # 02 padded tokens per step: many small steps, not few large ones
     sft_max_len: int = 2048  # 02 tokens per row (longer rows lose context from the left)
+    # 02, phase 1 trains on the plain-procedure rows too (data/warmup.jsonl): a name copied from a listing
+    # is shown while copying forms, not only after it
+    warmup_plain: bool = False
     repair_steps: int = 0  # 02, phase 3: steps on repair_rows + the phase-2 data (0: no phase 3)
     attempts: int = 2  # 03: attempts per task (held-out and train)
     pool_tasks: int = 100  # 03/04: train tasks (a seeded sample) of the failure pool and of GRPO
@@ -162,7 +165,7 @@ SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
           "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False,
-          "stale_compose": False}
+          "stale_compose": False, "warmup_plain": False}
 # recovery_by_cause keys: Recovery@1 by cause (any planted entry, none, and per kind), on the states with
 # a planted entry the share of recoveries that removed it and Recovery@1 of those, and blind removals
 CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_removed_recovered",
@@ -508,7 +511,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     # "held" is the evaluation split (--eval-on): held-out, or dev while a recipe is being chosen
     train_dir, held_dir = tasks / "train", tasks / cfg.eval_on
     grpo_dir = grpo_tasks_dir(cfg, tasks)
-    solutions = data.parent / "solutions.jsonl"
+    warm_rows = data.parent / ("warmup.jsonl" if cfg.warmup_plain else "solutions.jsonl")
     modes = ("fork", "standard", *(["standard_retry"] if cfg.retry_baseline else []))  # the GRPO policies
     res: dict = {"seed": seed, "wall_s": {}}
     t = time.monotonic()
@@ -533,12 +536,12 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
                 "--save-every", 0, "--no-activation-checkpointing", "--seed", seed], log)
         return out / phase / "final"
 
-    warm = sft_phase("warmup", solutions, base, cfg.warmup_steps, cfg.warmup_lr)
+    warm = sft_phase("warmup", warm_rows, base, cfg.warmup_steps, cfg.warmup_lr)
     # Copying appears abruptly after a seed- and data-dependent number of steps (~1,450 to ~2,600
     # measured), so phase 1 goes on, one fresh 02 run from the last at a time, until its loss shows it.
     runs, loss = 1, train_loss(warm)
     while loss > cfg.copy_loss and runs <= cfg.warmup_extra:
-        warm = sft_phase(f"warmup{runs}", solutions, warm, cfg.warmup_steps // 2, cfg.warmup_lr)
+        warm = sft_phase(f"warmup{runs}", warm_rows, warm, cfg.warmup_steps // 2, cfg.warmup_lr)
         runs, loss = runs + 1, train_loss(warm)
     res["warmup_runs"], res["warmup_loss"] = runs, loss
     sft = sft_phase("sft", data, warm, cfg.sft_steps, cfg.sft_lr)
@@ -963,6 +966,9 @@ def main(argv: list[str] | None = None) -> dict:
     plain_kept = [r for r in C.read_jsonl(plain) if r["task_id"] in plain_tasks]
     data.write_text(recoveries.read_text() + "".join(json.dumps(r) + "\n" for r in plain_kept)
                     + solutions.read_text())
+    if cfg.warmup_plain:
+        (out / "data/warmup.jsonl").write_text(solutions.read_text() + "".join(json.dumps(r) + "\n"
+                                                                             for r in plain_kept))
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
     for seed in range(cfg.seeds):
