@@ -47,6 +47,7 @@ class Config:
     faults_per_task: int = 3  # oracle: distinct verified faults wanted per task
     max_tries_per_task: int = 9  # oracle: fault candidates tried per task at most
     scopes: str = "step,from_fault,from_start"  # oracle: the repairs tried, in order (recovery_plan)
+    inspect: str = "ls -la"  # oracle: the recovery's first command, on the faulty step's folders
     attempts: int = 4  # policy/openai: student attempts per task (each failure gets one recovery)
     model: str | None = None  # policy: the teacher model folder
     student_model: str | None = None  # policy/openai: model for the first attempt (default: the teacher)
@@ -213,12 +214,13 @@ def candidate_faults(steps: list[tuple[str, str]], rng: random.Random,
             for k in kinds if j < len(by_kind[k])]
 
 
-def recovery_plan(steps: list[tuple[str, str]], fault: Fault, scope: str) -> list[tuple[str, str]]:
+def recovery_plan(steps: list[tuple[str, str]], fault: Fault, scope: str, inspect: str = "ls -la"
+                  ) -> list[tuple[str, str]]:
     """(thought, command)s: look at what the faulty step should have made, then redo `scope`: the
     faulty step alone ("step"), it and the steps after it ("from_fault"), or all ("from_start")."""
     d, cmd = steps[fault.step]
     dirs = list(dict.fromkeys(p if not Path(p).suffix else str(Path(p).parent) for p in PATH.findall(cmd)))
-    look = f"ls -la {' '.join(dirs[:3])}" if dirs else "pwd && ls -la"
+    look = f"{inspect} {' '.join(dirs[:3])}" if dirs else f"pwd && {inspect}"
     plan = [("The previous attempt failed. Let me inspect the current state before changing anything.",
              f"command -v {fault.good}; {look}" if fault.kind == "typo" else look)]
     why = EXPLAIN[fault.kind][0].format(d=d, bad=fault.bad, good=fault.good)
@@ -276,7 +278,7 @@ def oracle_row(cfg: Config, task: C.Task, steps: list[tuple[str, str]], fault: F
                 continue
             out = list(msgs)
             with C.start_env(task, snap, not cfg.no_internet, C.HOSTS.home(snap)) as env:
-                for thought, cmd in recovery_plan(steps, fault, scope):
+                for thought, cmd in recovery_plan(steps, fault, scope, cfg.inspect):
                     act(env, out, thought, cmd, cfg.command_timeout)
                 out.append({"role": "assistant", "content": f"I {done}; every step of the task has now "
                             "run and the task is complete."})

@@ -100,6 +100,9 @@ class Config:
     plain_frac: float = 0.5  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
     scopes: str = "step,from_fault,from_start"  # 01: the repairs its oracle tries ("from_start": redo all)
+    # 01 (and plain_rows): the oracle recovery's first command lists the folders with this; `ls -p`
+    # gives a name per line (a folder's ends in /), `ls -la` ~45 tokens a line in the tiny tokenizer
+    inspect: str = "ls -la"
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     dev_frac: float = 0.0  # share of the other pairs carved out as a dev split, never trained on
     n_dev: int = 40  # dev tasks generated at most
@@ -160,12 +163,13 @@ class Config:
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
                 "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev", "stale_vary",
-                "stale_compose")
+                "stale_compose", "inspect")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
           "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False,
-          "stale_compose": False, "warmup_plain": False}
+          "stale_compose": False, "warmup_plain": False,
+          "inspect": "ls -la"}
 # recovery_by_cause keys: Recovery@1 by cause (any planted entry, none, and per kind), on the states with
 # a planted entry the share of recoveries that removed it and Recovery@1 of those, and blind removals
 CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_removed_recovered",
@@ -371,7 +375,8 @@ def solution_rows(tasks_dir: Path, path: Path, concurrency: int, skip: set[str] 
     return len(writer.rows)
 
 
-def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, skip: set[str]) -> int:
+def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, skip: set[str],
+               inspect: str = "ls -la") -> int:
     """One more oracle recovery row per stale-file train task: its first attempt is the plain
     procedure (solve.sh without the removal of report.old, 01's fault `drop@0`), the recovery lists
     /app/out and removes the file (01's smallest repair: the other steps did their part); kept if
@@ -392,7 +397,7 @@ def plain_rows(tasks_dir: Path, stale: set[str], path: Path, concurrency: int, s
     done = {r["task_id"] for r in writer.rows}
     todo = [t for t in C.load_tasks(tasks_dir) if t.name in stale - done - skip]
     bcfg = build.Config(system_prompt=microtasks.SYSTEM_PROMPT, recovery_prompt=C.RECOVERY_PROMPT,
-                        command_timeout=30.0, no_internet=True)
+                        command_timeout=30.0, no_internet=True, inspect=inspect)
 
     def demo(task: C.Task) -> None:
         steps = build.split_steps((task.solution_dir / "solve.sh").read_text())
@@ -952,13 +957,13 @@ def main(argv: list[str] | None = None) -> dict:
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,
         "--faults-per-task", cfg.faults_per_task, "--concurrency", cfg.concurrency, "--seed", cfg.task_seed,
-        "--scopes", cfg.scopes, "--system-prompt", microtasks.SYSTEM_PROMPT],
+        "--scopes", cfg.scopes, "--inspect", cfg.inspect, "--system-prompt", microtasks.SYSTEM_PROMPT],
        out / "log.txt")
     plain.touch()
     plain_tasks = demo_tasks(split, cfg.plain_frac, cfg.task_seed) if cfg.plain_demos else set()
     if plain_tasks:
         have = {r["task_id"] for r in C.read_jsonl(recoveries) if r["meta"]["fault"] == "drop@0"}
-        plain_rows(tasks / "train", plain_tasks, plain, cfg.concurrency, skip=have)
+        plain_rows(tasks / "train", plain_tasks, plain, cfg.concurrency, skip=have, inspect=cfg.inspect)
     # with --fresh-out a first attempt removes a stale file without knowing of it: every task has its row
     no_row = set() if cfg.fresh_out else set(split["stale"])
     solution_rows(tasks / "train", solutions, cfg.concurrency, skip=no_row)

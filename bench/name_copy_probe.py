@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
     causes = split["causes"]
     dev_rows = run / "dev_plain.jsonl"
     dev_stale = {t for t in split["dev"] if t in causes}
-    E.plain_rows(run / "tasks/dev", dev_stale, dev_rows, a.concurrency, skip=set())
+    inspect = json.loads((run / "config.json").read_text()).get("inspect", E.LEGACY["inspect"])
+    E.plain_rows(run / "tasks/dev", dev_stale, dev_rows, a.concurrency, skip=set(), inspect=inspect)
     policy = Path(a.policy or run / f"seed{a.seed}/sft/final")
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy).eval()
