@@ -474,13 +474,17 @@ def test_sft_only_report_averages_the_seeds_and_skips_absent_causes(tmp_path):
 
 
 def test_name_copy_probe_scores_the_names_written_after_the_listing_showed_them():
-    """name_copy_probe: the stem and extension of every occurrence after the first (the `ls`
-    output), never the dot, never the listing itself."""
+    """name_copy_probe: the stem and extension of every occurrence on the recovery's own tokens,
+    never the dot, never a listing (which may name the entry more than once)."""
     import name_copy_probe
 
     ids = [5, 9, 1, 7, 3, 9, 1, 7, 4, 9, 1, 7]  # listing, then the recovery's two writes
-    assert name_copy_probe.name_positions(ids, [9, 1, 7]) == [5, 7, 9, 11]
-    assert name_copy_probe.name_positions([9, 1, 7, 2], [9, 1, 7]) == []
+    mask = [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert name_copy_probe.name_positions(ids, mask, [9, 1, 7]) == [5, 7, 9, 11]
+    # a `find` of a planted folder: the name twice in the listing, once in the removal
+    ids = [9, 1, 7, 6, 9, 1, 7, 8, 3, 9, 1, 7]
+    assert name_copy_probe.name_positions(ids, [0] * 8 + [1] * 4, [9, 1, 7]) == [9, 11]
+    assert name_copy_probe.name_positions([9, 1, 7, 2], [0, 0, 0, 0], [9, 1, 7]) == []
 
 
 def test_seed_level_t_interval_is_the_students_t_interval_of_the_seed_means():
