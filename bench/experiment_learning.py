@@ -86,6 +86,9 @@ class Config:
 
     out: str = "runs/experiment_learning"  # work folder (tasks, data, seed<s>/, results.json, learning.png)
     seeds: int = 3  # seeds 0..K-1 (model init, SFT order, sampling); tasks and split stay fixed
+    # the first of the K seeds (first_seed..first_seed+K-1): one seed per run, each run a folder of its
+    # own, pooled afterwards by --combine (a protocol's seeds need not all run on one machine in one go)
+    first_seed: int = 0
     n_train: int = 418  # train tasks generated (418: all on train pairs; fewer are memorised, not copied)
     n_heldout: int = 40  # held-out tasks generated (of 158)
     pool_frac: float = 0.0  # share of the train pairs kept out of SFT for the GRPO pool (0: pool = train)
@@ -183,7 +186,7 @@ def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
 
 
 # the Config fields that say how a run ran, not what it measured: runs that differ only in them pool
-RUN_FIELDS = ("out", "seeds", "engine", "concurrency", "bootstrap", "combine", "require_commit")
+RUN_FIELDS = ("out", "seeds", "first_seed", "engine", "concurrency", "bootstrap", "combine", "require_commit")
 
 
 def recipe(config: dict) -> dict:
@@ -976,7 +979,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                              for r in plain_kept))
     build_s = round(time.monotonic() - t0, 1)
     per_seed = []
-    for seed in range(cfg.seeds):
+    for seed in range(cfg.first_seed, cfg.first_seed + cfg.seeds):
         path = out / f"seed{seed}" / ("sft_result.json" if cfg.sft_only else "result.json")
         if path.exists():  # a finished seed is not redone
             per_seed.append(json.loads(path.read_text()))

@@ -449,6 +449,36 @@ def test_require_commit_refuses_another_checkout_before_it_writes_anything(tmp_p
     assert not (tmp_path / "run").exists()
 
 
+def test_first_seed_runs_only_the_seeds_asked_for(tmp_path, monkeypatch):
+    """--first-seed S --seeds K runs seeds S..S+K-1 and no other (a protocol's seeds, one run each,
+    pooled by --combine); a finished seed of the folder is read back, not run again."""
+    import experiment_learning as E
+
+    def fake_sh(args: list, log: Path) -> None:  # 01 writes its rows file; nothing else is run here
+        rows = Path(args[args.index("--out") + 1])
+        rows.parent.mkdir(parents=True, exist_ok=True)
+        rows.touch()
+
+    ran = []
+
+    def fake_seed(cfg, seed: int, tasks: Path, data: Path) -> dict:
+        ran.append(seed)
+        (Path(cfg.out) / f"seed{seed}").mkdir(parents=True)  # as the real run_seed's stages make it
+        return {"seed": seed, "base_pass_at_1": 0.0, "sft_pass_at_1": 0.1, "sft_train_pass_at_1": 0.5,
+                "heldout_recovery_before": 0.2, "sft_success_with_retry": 0.2, "n_heldout_failures": 1,
+                "heldout_failures_stale_frac": 0.0, "recovery_by_cause": {"before": {}}}
+
+    monkeypatch.setattr(E, "sh", fake_sh)
+    monkeypatch.setattr(E, "solution_rows", lambda tasks, path, *a, **k: path.touch())
+    monkeypatch.setattr(E, "run_seed", fake_seed)
+    argv = ["--out", str(tmp_path / "run"), "--n-train", "4", "--n-heldout", "2", "--stale-frac", "0",
+            "--sft-only", "--first-seed", "3", "--seeds", "2"]
+    assert E.main(argv)["seeds"] == [3, 4] and ran == [3, 4]
+    assert E.main(argv)["seeds"] == [3, 4] and ran == [3, 4]  # both finished: read back
+    assert not (tmp_path / "run/seed0").exists()
+    assert "first_seed" not in E.recipe(json.loads((tmp_path / "run/config.json").read_text()))
+
+
 def test_sft_only_report_averages_the_seeds_and_skips_absent_causes(tmp_path):
     """--sft-only: results.json holds the SFT policy's figures (mean over seeds, each seed kept), the
     split's task lists and Recovery@1 by cause averaged over the seeds that had such states."""
