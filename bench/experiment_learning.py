@@ -158,7 +158,8 @@ class Config:
     # seeds all run the code its recipe was frozen at (each seed's result records its commit anyway)
     require_commit: str = ""
     # stop each seed after the SFT policy's Recovery@1 (no GRPO, ~45 min of a 2-2.5 h seed): the cheap
-    # first look at a recipe candidate on dev; writes seed<s>/sft_result.json and an SFT-only results.json
+    # first look at a recipe candidate on dev; an SFT-only results.json from each seed<s>/sft_result.json
+    # (which every seed writes, so a full run stopped in GRPO is read back here, not run again)
     sft_only: bool = False
     combine: list[str] = dataclasses.field(default_factory=list)  # pool finished runs of one split and recipe
 
@@ -618,8 +619,10 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         retry["sft"] = ((sum(a["reward"] >= 1.0 for a in attempts) + sum(before) / cfg.recovery_samples)
                         / max(1, len(attempts)))
         lap("recovery_before")
+        res["sft_success_with_retry"] = retry["sft"]
+        # the SFT policy's figures, as --sft-only reports them: kept even if the seed is stopped later
+        (out / "sft_result.json").write_text(json.dumps(res | {"code": code_version()}) + "\n")
         if cfg.sft_only:
-            res["sft_success_with_retry"] = retry["sft"]
             return res
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
                       "pass_at_1": res["sft_pass_at_1"]}] for m in modes}

@@ -400,6 +400,10 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready
     for snap in snaps:
         with pytest.raises(docker.errors.ImageNotFound):
             C.docker_client().images.get(snap)
+    # the SFT policy's figures are kept on their own too (what --sft-only reads back)
+    sft_only = json.loads((seed / "sft_result.json").read_text())
+    assert sft_only["heldout_recovery_before"] == s0["heldout_recovery_before"]
+    assert sft_only["recovery_before"] == s0["recovery_before"] and sft_only["code"] == s0["code"]
     # every evaluation point was recorded as it was made (what a seed stopped mid-way keeps)
     prog = C.read_jsonl(seed / "progress.jsonl")
     assert [r["policy"] for r in prog] == ["sft", "fork", "standard", "standard_retry"]
