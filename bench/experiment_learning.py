@@ -103,8 +103,9 @@ class Config:
     plain_frac: float = 0.5  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
     scopes: str = "step,from_fault,from_start"  # 01: the repairs its oracle tries ("from_start": redo all)
-    # 01 (and plain_rows): the oracle recovery's first command lists the folders with this; `ls -p`
-    # gives a name per line (a folder's ends in /), `ls -la` ~45 tokens a line in the tiny tokenizer
+    # 01 (and plain_rows): the oracle recovery's first command lists the folders with this; `ls -la`
+    # prints ~45 tokens a line in the tiny tokenizer, `find` a full path (/app/out/NAME), the form the
+    # policy's copying of the instruction's output path knows (dev runs 4-5, experiment_learning.md)
     inspect: str = "ls -la"
     heldout_frac: float = 0.25  # share of (first argument, destination) pairs held out
     dev_frac: float = 0.0  # share of the other pairs carved out as a dev split, never trained on
@@ -134,7 +135,8 @@ class Config:
     sft_batch_tokens: int = 2048  # 02 padded tokens per step: many small steps, not few large ones
     sft_max_len: int = 2048  # 02 tokens per row (longer rows lose context from the left)
     # 02, phase 1 trains on the plain-procedure rows too (data/warmup.jsonl): a name copied from a listing
-    # is shown while copying forms, not only after it
+    # is shown while copying forms, not only after it (dev run 5, with --inspect find: the policy writes
+    # the listed dev name in its removal; dev run 4, find alone: a trained name, not the listed one)
     warmup_plain: bool = False
     repair_steps: int = 0  # 02, phase 3: steps on repair_rows + the phase-2 data (0: no phase 3)
     attempts: int = 2  # 03: attempts per task (held-out and train)
