@@ -516,7 +516,7 @@ def snapshots_present(failures: Path) -> bool:
     return all(collect.snapshot_exists(r["snapshot"], r.get("host")) for r in C.read_jsonl(failures))
 
 
-def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
+def run_seed(cfg: Config, seed: int, tasks: Path, data: Path, code: str | None) -> dict:
     out = Path(cfg.out) / f"seed{seed}"
     log = out / "log.txt"
     # "held" is the evaluation split (--eval-on): held-out, or dev while a recipe is being chosen
@@ -524,7 +524,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
     grpo_dir = grpo_tasks_dir(cfg, tasks)
     warm_rows = data.parent / ("warmup.jsonl" if cfg.warmup_plain else "solutions.jsonl")
     modes = ("fork", "standard", *(["standard_retry"] if cfg.retry_baseline else []))  # the GRPO policies
-    res: dict = {"seed": seed, "wall_s": {}}
+    res: dict = {"seed": seed, "wall_s": {}, "code": code}  # code: the commit it runs at (code_version)
     t = time.monotonic()
 
     def lap(name: str) -> None:
@@ -623,7 +623,7 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path) -> dict:
         lap("recovery_before")
         res["sft_success_with_retry"] = retry["sft"]
         # the SFT policy's figures, as --sft-only reports them: kept even if the seed is stopped later
-        (out / "sft_result.json").write_text(json.dumps(res | {"code": code_version()}) + "\n")
+        (out / "sft_result.json").write_text(json.dumps(res) + "\n")
         if cfg.sft_only:
             return res
         curve = {m: [{"env_steps": 0, "recovery": res["heldout_recovery_before"],
@@ -989,8 +989,9 @@ def main(argv: list[str] | None = None) -> dict:
         if path.exists():  # a finished seed is not redone
             per_seed.append(json.loads(path.read_text()))
             continue
-        r = run_seed(cfg, seed, tasks, data) | {"code": version}
-        path.write_text(json.dumps(r) + "\n")
+        r = run_seed(cfg, seed, tasks, data, version)
+        if not cfg.sft_only:  # run_seed wrote sft_result.json itself
+            path.write_text(json.dumps(r) + "\n")
         per_seed.append(r)
     if cfg.sft_only:
         return sft_report(cfg, per_seed, split, out)

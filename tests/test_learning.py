@@ -466,12 +466,15 @@ def test_first_seed_runs_only_the_seeds_asked_for(tmp_path, monkeypatch):
 
     ran = []
 
-    def fake_seed(cfg, seed: int, tasks: Path, data: Path) -> dict:
+    def fake_seed(cfg, seed: int, tasks: Path, data: Path, code: str | None) -> dict:
         ran.append(seed)
+        res = {"seed": seed, "code": code, "base_pass_at_1": 0.0, "sft_pass_at_1": 0.1,
+               "sft_train_pass_at_1": 0.5, "heldout_recovery_before": 0.2, "sft_success_with_retry": 0.2,
+               "n_heldout_failures": 1, "heldout_failures_stale_frac": 0.0,
+               "recovery_by_cause": {"before": {}}}
         (Path(cfg.out) / f"seed{seed}").mkdir(parents=True)  # as the real run_seed's stages make it
-        return {"seed": seed, "base_pass_at_1": 0.0, "sft_pass_at_1": 0.1, "sft_train_pass_at_1": 0.5,
-                "heldout_recovery_before": 0.2, "sft_success_with_retry": 0.2, "n_heldout_failures": 1,
-                "heldout_failures_stale_frac": 0.0, "recovery_by_cause": {"before": {}}}
+        (Path(cfg.out) / f"seed{seed}/sft_result.json").write_text(json.dumps(res))  # as run_seed writes it
+        return res
 
     monkeypatch.setattr(E, "sh", fake_sh)
     monkeypatch.setattr(E, "solution_rows", lambda tasks, path, *a, **k: path.touch())
