@@ -25,6 +25,7 @@ import bisect
 import collections
 import dataclasses
 import hashlib
+import json
 import math
 import multiprocessing
 import random
@@ -74,7 +75,11 @@ class Config:
 # ── data ────────────────────────────────────────────────────────────────────
 
 def load_rows(path: str, all_assistant: bool) -> list[dict]:
-    """Every row, checked: a bad one is a one-line DataError naming file:line (a torn last line too)."""
+    """Every row, checked: a bad one is a one-line DataError naming file:line (a torn last line too).
+
+    Returned in an order set by their content (a hash of messages and train index), not by the
+    file's: stage 01 writes rows as its threads finish, so two builds of the same rows list them in
+    different orders, and the seeded epoch order (epoch_plan) would give each a different run."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: data file does not exist")
     rows = C.read_jsonl(path, strict=True)
@@ -86,7 +91,12 @@ def load_rows(path: str, all_assistant: bool) -> list[dict]:
         except ValueError as e:
             where = f"{path}:{line}" + (f" (id={row.get('id')!r})" if isinstance(row, dict) else "")
             raise C.DataError(f"{where}: {e}") from None
-    return rows
+    return sorted(rows, key=content_key)
+
+
+def content_key(row: dict) -> str:
+    body = json.dumps([row["messages"], row.get("train_from_message_index")], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def scaffold_from_rows(rows: list[dict], base: C.Scaffold) -> tuple[C.Scaffold, str]:
@@ -147,8 +157,9 @@ def tokenize_rows(cfg: Config, rows: list[dict], tok, out: Path, rank: int, worl
     costs O(turns^2) on long rows (seconds for a 200-message row), so each rank tokenises every
     world-th row with a process pool, and the shards are cached in the run folder for resumes."""
     global _TOK
-    key = hashlib.sha256(Path(cfg.data).read_bytes() + repr((tok.chat_template, len(tok), cfg.max_len,
-                                                              cfg.all_assistant)).encode()).hexdigest()
+    # "content order": shards of a run from before load_rows sorted its rows are not reused
+    salt = repr((tok.chat_template, len(tok), cfg.max_len, cfg.all_assistant, "content order"))
+    key = hashlib.sha256(Path(cfg.data).read_bytes() + salt.encode()).hexdigest()
     shard = out / f"tokens.{rank}-of-{world}.pt"
     out.mkdir(parents=True, exist_ok=True)
     if not (shard.exists() and torch.load(shard, weights_only=False)["key"] == key):
