@@ -849,7 +849,8 @@ def policy_tables(res: dict) -> str:
 def run_table(per_seed: list[dict], labels: list[str]) -> str:
     """One markdown row per run: held-out Recovery@1 after SFT and after each mode's last chunk (its
     gain in brackets), the share of stale-file recoveries that removed the planted entry, Pass@1, the
-    share of the fork run's groups (forks and fresh starts) that were non-uniform, and the seed's minutes."""
+    share of the fork run's groups (forks and fresh starts) that were non-uniform, and the seed's minutes
+    (its phases; a data build, shared by the seeds that copy it, is not counted)."""
     def share(s: dict, policy: str) -> str:
         x = s.get("recovery_by_cause", {}).get(policy, {}).get("stale_removed")
         return "-" if x is None else f"{x:.2f}"
@@ -858,7 +859,7 @@ def run_table(per_seed: list[dict], labels: list[str]) -> str:
     names = " / ".join(modes)
     rows = [f"| run | SFT Pass@1 | held-out states (stale share) | Recovery@1 SFT | {' | '.join(modes)} "
             f"| stale: removed the entry, SFT → {names} | Pass@1 {names} | non-uniform groups (fork run) "
-            "| min |", "|---" * (8 + len(modes)) + "|"]
+            "| min (no data build) |", "|---" * (8 + len(modes)) + "|"]
     for label, s in zip(labels, per_seed, strict=True):
         before, after = s["heldout_recovery_before"], s["heldout_recovery_after"]
         recovery = " | ".join(f"{after[m]:.3f} ({after[m] - before:+.3f})" for m in modes)
