@@ -99,6 +99,10 @@ class Config:
     # with stale_vary: names are STEM.EXT, one token per piece, split by (stem, extension) pair: every
     # piece is trained, no dev or held-out name is (microtasks.composed_stale_names)
     stale_compose: bool = False
+    # with stale_vary: dev and held-out tasks are twins of train tasks (trained arguments) whose planted
+    # entry has an unseen name, or an unseen kind: Recovery@1 then measures reading the failed state,
+    # not copying unseen arguments (microtasks.twin_tasks; dev/held-out counts are n_dev/n_heldout)
+    entry_split: bool = False
     plain_demos: bool = True  # plain-procedure recovery rows on stale-file train tasks (plain_rows)
     plain_frac: float = 0.5  # with plain_demos: the seeded share of stale-file train tasks that get one
     fresh_out: bool = False  # solutions start by emptying /app/out (microtasks.FRESH_STEP)
@@ -169,17 +173,20 @@ class Config:
 # the Config fields that decide which task is in which part and the SFT rows (a resumed --out must keep them)
 SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac", "task_seed", "plain_demos",
                 "plain_frac", "fresh_out", "scopes", "dev_frac", "n_dev", "stale_vary",
-                "stale_compose", "inspect")
+                "stale_compose", "inspect", "entry_split")
 # what a config.json from before a field existed ran with
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
           "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False,
-          "stale_compose": False, "warmup_plain": False,
+          "stale_compose": False, "warmup_plain": False, "entry_split": False,
           "inspect": "ls -la"}
 # recovery_by_cause keys: Recovery@1 by cause (any planted entry, none, and per kind), on the states with
 # a planted entry the share of recoveries that removed it and Recovery@1 of those, and blind removals
 CAUSES = ("stale", "other", *microtasks.STALE_KINDS, "stale_removed", "stale_removed_recovered",
-          "blind_removal")
+          "blind_removal", "other_name_removal")
+# every name a planted entry can have (a removal naming one of them is a removal of a planted entry)
+PLANTED_NAMES = sorted({n for names in microtasks.STALE_NAMES.values() for n in names}
+                       | {f"{a}.{b}" for a in microtasks.STALE_STEMS for b in microtasks.STALE_EXTS})
 
 
 def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
@@ -277,8 +284,9 @@ def cause_stats(rec: list[float], commands: list[list[dict]], sample_tasks: list
     """recovery_by_cause of one policy: Recovery@1 over the samples on tasks with a planted entry
     ("stale"), without one ("other") and per kind; on the former the share of recoveries that removed
     their own entry (found the cause) and Recovery@1 of those (redid the steps right); on the latter
-    the share that removed a planted name all the same: a blind repair, nothing showed a cause.
-    None: no such sample."""
+    the share that removed a planted name all the same: a blind repair, nothing showed a cause; and on
+    states with an entry of its own name, the share that removed another planted name (one recalled
+    from training, not read). None: no such sample."""
     def share(xs: list) -> float | None:
         return sum(xs) / len(xs) if xs else None
 
@@ -290,8 +298,11 @@ def cause_stats(rec: list[float], commands: list[list[dict]], sample_tasks: list
     found = [(r, removes(c, [Path(causes[t]["path"]).name])) for r, c, t in samples if t in causes]
     out["stale_removed"] = share([f for _, f in found])
     out["stale_removed_recovered"] = share([r for r, f in found if f])
-    planted = [n for names in microtasks.STALE_NAMES.values() for n in names]
-    out["blind_removal"] = share([removes(c, planted) for _, c, t in samples if t not in causes])
+    out["blind_removal"] = share([removes(c, PLANTED_NAMES) for _, c, t in samples if t not in causes])
+    named = [(c, Path(causes[t]["path"]).name) for _, c, t in samples if causes.get(t, {}).get("kind") in
+             ("file", "folder")]
+    out["other_name_removal"] = share([removes(c, [n for n in PLANTED_NAMES if n not in own])
+                                       for c, own in named])
     return out
 
 
@@ -947,8 +958,10 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"{out} holds the tasks and data of another split ({', '.join(changed)} "
                              "changed): use a fresh --out")
     C.check_choice("--eval-on", cfg.eval_on, ("heldout", "dev"))
-    if cfg.eval_on == "dev" and cfg.dev_frac <= 0:
-        raise SystemExit("--eval-on dev needs a dev split: pass --dev-frac > 0")
+    if cfg.eval_on == "dev" and cfg.dev_frac <= 0 and not cfg.entry_split:
+        raise SystemExit("--eval-on dev needs a dev split: pass --dev-frac > 0 (or --entry-split)")
+    if cfg.entry_split and not cfg.stale_vary:
+        raise SystemExit("--entry-split plants the entries of --stale-vary: add --stale-vary")
     if not 0.0 <= cfg.plain_frac <= 1.0:
         raise SystemExit("--plain-frac is a share in [0, 1]")
     if cfg.stale_compose and not cfg.stale_vary:
@@ -961,7 +974,7 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = out / "tasks"
     split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
                                 cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev,
-                                cfg.stale_vary, cfg.stale_compose)
+                                cfg.stale_vary, cfg.stale_compose, cfg.entry_split)
     recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,

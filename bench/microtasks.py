@@ -1,7 +1,8 @@
 """A learnable micro task family: Harbor-format tasks a small model trained on CPU can partly solve.
 
     python bench/microtasks.py OUT [--train 48] [--heldout 16] [--heldout-frac 0.25] [--pool-frac 0]
-                                   [--stale-frac 0] [--stale-vary [--stale-compose]] [--fresh-out]
+                                   [--stale-frac 0] [--stale-vary [--stale-compose] [--entry-split]]
+                                   [--fresh-out]
                                    [--seed 0]
     python bench/microtasks.py --model OUT_MODEL [--hidden 128 --layers 4]
 
@@ -85,6 +86,13 @@ STALE_NAMES = {"train": ["report.old", "draft.tmp", "notes.bak", "cache.lock", "
 STALE_STEMS = ["report", "draft", "notes", "cache", "stage", "build", "prev", "junk"]
 STALE_EXTS = ["old", "tmp", "bak", "log", "part", "dat"]
 STALE_PIECES = STALE_STEMS + STALE_EXTS  # make_model's `words` with --stale-compose
+
+# --entry-split: dev and held-out tasks are twins of train tasks (the same template and arguments, so
+# the same first attempt) whose output folder holds an entry of a name no train or pool task has, and
+# of every kind, one of which (UNSEEN_KINDS) no train or pool task has either. Their first attempt
+# fails for that entry alone; a recovery passes only by reading the failed state and removing what it
+# shows, so Recovery@1 measures recovery, not the copying of unseen arguments.
+UNSEEN_KINDS = ("folder",)
 
 
 def composed_stale_names(seed: int, n_held: int = 6, n_dev: int = 6) -> dict[str, list[str]]:
@@ -211,16 +219,16 @@ def split_pairs(seed: int, frac: float, pool_frac: float = 0.0, dev_frac: float 
 
 
 def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: bool | dict = False,
-               fresh_out: bool = False) -> str:
+               fresh_out: bool = False, suffix: str = "") -> str:
     """One task folder; `stale`: the environment with a stale /app/out/report.old (or the entry of a
     stale_cause dict), and its removal as the solution's first step (the task's name and instruction
     do not change); `fresh_out`: the solution starts by emptying the output folder (FRESH_STEP, which
-    removes a stale entry too)."""
+    removes a stale entry too); `suffix` ends the task's name (a twin's part)."""
     spec = task_spec(template, src, dst, mode, fresh_out)
     dockerfile, step = ((DOCKERFILE + stale["docker"], stale["step"]) if isinstance(stale, dict)
                         else (STALE_DOCKERFILE, STALE_STEP))
     key = f"{src}-{mode}" if template == "mode" else src
-    name = f"micro-{template}-{key}-{dst}"
+    name = f"micro-{template}-{key}-{dst}{suffix}"
     d = root / name
     for sub in ("environment/data", "tests/data", "solution"):
         (d / sub).mkdir(parents=True, exist_ok=True)
@@ -245,7 +253,7 @@ def write_task(root: Path, template: str, src: str, dst: str, mode: str, stale: 
 def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_frac: float = 0.25,
              seed: int = 0, pool_frac: float = 0.0, stale_frac: float = 0.0, fresh_out: bool = False,
              dev_frac: float = 0.0, n_dev: int = 40, stale_vary: bool = False,
-             stale_compose: bool = False) -> dict:
+             stale_compose: bool = False, entry_split: bool = False) -> dict:
     """Write up to n_train train and n_heldout held-out tasks under `out` (train/, heldout/), with
     pool_frac > 0 every task on a share of the non-held-out pairs under pool/, and with dev_frac > 0
     up to n_dev tasks on a share of them under dev/; returns the split
@@ -267,9 +275,17 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     combinations in one seeded order, each part taking the first of its own; a task's part depends
     only on its (first argument, destination) pair, so a larger n never moves a task across the split.
     Every mode makes a distinct `mode` task: the family has 576 tasks, 418 of them on train pairs
-    at the default split (seed 0, 0.25)."""
+    at the default split (seed 0, 0.25).
+
+    With entry_split (needs stale_vary) no argument pair is held out (heldout_frac and dev_frac are
+    ignored): train and pool tasks plant only entries of kinds outside UNSEEN_KINDS, and dev and
+    held-out tasks are twins of n_dev and n_heldout distinct train tasks (a seeded draw, disjoint),
+    each with an entry of its own part's names and of any kind (twin_tasks)."""
     out = Path(out)
-    parts = split_pairs(seed, heldout_frac, pool_frac, dev_frac)
+    if entry_split and not stale_vary:
+        raise ValueError("entry_split plants the entries of stale_vary: set stale_vary too")
+    parts = split_pairs(seed, 0.0, pool_frac) if entry_split else split_pairs(seed, heldout_frac, pool_frac,
+                                                                                dev_frac)
     # write has no source file (its first argument is the word); only the mode template uses a mode
     combos = [(t, s, d, m) for t in TEMPLATES for s in (WORDS if t == "write" else NAMES) for d in DESTS
               for m in (MODES if t == "mode" else [""])]
@@ -278,6 +294,17 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
     split: dict[str, list[str]] = {"train": [], "dev": [], "pool": [], "heldout": [], "stale": []}
     causes: dict[str, dict] = {}
     stale_names = composed_stale_names(seed) if stale_compose else STALE_NAMES
+    kinds = tuple(k for k in STALE_KINDS if k not in UNSEEN_KINDS) if entry_split else STALE_KINDS
+    trained = []  # the train tasks' parameters: entry_split's twins are drawn from them
+
+    def add(part: str, template: str, src: str, dst: str, mode: str, stale: bool | dict, suffix: str = ""
+            ) -> None:
+        split[part].append(write_task(out / part, template, src, dst, mode, stale, fresh_out, suffix))
+        if stale:
+            split["stale"].append(split[part][-1])
+            cause = stale if isinstance(stale, dict) else stale_cause("file", "report.old", dst)
+            causes[split[part][-1]] = {"kind": cause["kind"], "path": cause["path"]}
+
     for template, src, dst, mode in combos:
         part = next(k for k, ps in parts.items() if (src, dst) in ps)
         if len(split[part]) < cap[part]:
@@ -286,15 +313,33 @@ def generate(out: str | Path, n_train: int = 48, n_heldout: int = 16, heldout_fr
             if stale and stale_vary:
                 rng = random.Random(f"cause:{key}")
                 names = stale_names.get(part, stale_names["train"])
-                stale = stale_cause(rng.choice(STALE_KINDS), rng.choice(names), dst)
-            split[part].append(write_task(out / part, template, src, dst, mode, stale, fresh_out))
-            if stale:
-                split["stale"].append(split[part][-1])
-                cause = stale if isinstance(stale, dict) else stale_cause("file", "report.old", dst)
-                causes[split[part][-1]] = {"kind": cause["kind"], "path": cause["path"]}
+                stale = stale_cause(rng.choice(kinds), rng.choice(names), dst)
+            add(part, template, src, dst, mode, stale)
+            if part == "train":
+                trained.append((template, src, dst, mode))
+    if entry_split:
+        for part, params, cause in twin_tasks(trained, seed, n_heldout, n_dev, stale_names):
+            add(part, *params, cause, suffix=f"-{part}")
     split = {k: sorted(v) for k, v in split.items()} | {"causes": causes}
     (out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
     return split
+
+
+def twin_tasks(trained: list[tuple[str, str, str, str]], seed: int, n_heldout: int, n_dev: int,
+               names: dict[str, list[str]]) -> list[tuple[str, tuple[str, str, str, str], dict]]:
+    """entry_split's dev and held-out tasks: (part, the train task's parameters, its planted entry)
+    for n_heldout and n_dev distinct train tasks of one seeded order; the entry's kind is drawn from
+    every kind (UNSEEN_KINDS included), its name from the part's own names."""
+    order = sorted(trained)
+    random.Random(f"twins:{seed}").shuffle(order)
+    if n_heldout + n_dev > len(order):
+        raise ValueError(f"{n_heldout} held-out + {n_dev} dev twins need as many train tasks ({len(order)})")
+    out = []
+    for part, params in [("heldout", p) for p in order[:n_heldout]] + [("dev", p) for p in
+                                                                        order[n_heldout:n_heldout + n_dev]]:
+        rng = random.Random(f"twin:{seed}:{part}:{':'.join(params)}")
+        out.append((part, params, stale_cause(rng.choice(STALE_KINDS), rng.choice(names[part]), params[2])))
+    return out
 
 
 # the first and last line of the tool-schema block in the tiny chat template (make_model drops it)
@@ -364,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the stale entry's kind and name vary by task, held-out names unseen in training")
     p.add_argument("--stale-compose", action="store_true",
                    help="--stale-vary names are STEM.EXT, split by (stem, extension) pair")
+    p.add_argument("--entry-split", action="store_true",
+                   help="dev/held-out tasks: train tasks' twins with an entry of unseen name (and kind)")
     p.add_argument("--fresh-out", action="store_true",
                    help="solutions start by emptying the output folder (rm -rf /app/out && mkdir /app/out)")
     p.add_argument("--seed", type=int, default=0, help="parameter and split seed")
@@ -378,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     if not a.out:
         p.error("OUT is required (or --model)")
     s = generate(a.out, a.train, a.heldout, a.heldout_frac, a.seed, a.pool_frac, a.stale_frac, a.fresh_out,
-                 a.dev_frac, a.dev, a.stale_vary, a.stale_compose)
+                 a.dev_frac, a.dev, a.stale_vary, a.stale_compose, a.entry_split)
     print(f"{len(s['train'])} train, {len(s['dev'])} dev, {len(s['pool'])} pool, {len(s['heldout'])} held-out"
           f" tasks under {a.out}"
           f" ({len(s['stale'])} with the stale file)")

@@ -136,6 +136,44 @@ def test_varied_causes_hold_their_names_out_and_each_is_observable_and_repairabl
             assert env.verify().reward == 1.0, kind
 
 
+def test_entry_split_twins_train_tasks_with_unseen_entries_and_keeps_them_out_of_training(tmp_path):
+    """--entry-split: every dev and held-out task is a train task's twin (same instruction and solution
+    steps after the removal) whose planted entry is the only difference; their names, and the unseen
+    kind, occur in no train or pool task; dev and held-out twin distinct train tasks; fixed by the seed."""
+    kw = dict(n_train=200, n_heldout=40, n_dev=20, seed=3, pool_frac=0.2, stale_frac=0.5, stale_vary=True,
+              stale_compose=True, entry_split=True)
+    split = microtasks.generate(tmp_path / "a", **kw)
+    assert split == microtasks.generate(tmp_path / "b", **kw)
+    assert len(split["heldout"]) == 40 and len(split["dev"]) == 20
+    causes = split["causes"]
+    twins = split["heldout"] + split["dev"]
+    assert set(twins) <= set(causes)  # every twin has its entry
+    trained = {"train": split["train"], "pool": split["pool"]}
+    seen_kinds = {causes[t]["kind"] for part in trained.values() for t in part if t in causes}
+    assert seen_kinds and not seen_kinds & set(microtasks.UNSEEN_KINDS)
+    assert {causes[t]["kind"] for t in split["heldout"]} == set(microtasks.STALE_KINDS)
+    names = {part: {Path(causes[t]["path"]).name for t in split[part] if t in causes and
+                    causes[t]["kind"] != "clash"} for part in ("train", "pool", "dev", "heldout")}
+    assert names["heldout"] and names["dev"] and not names["heldout"] & names["dev"]
+    assert not (names["heldout"] | names["dev"]) & (names["train"] | names["pool"])
+    bases = {}
+    for part in ("heldout", "dev"):
+        for t in split[part]:
+            assert t.endswith(f"-{part}")
+            base = t.removesuffix(f"-{part}")
+            assert base in split["train"]  # a twin of a train task: its arguments were trained
+            bases[t] = base
+            twin, orig = (C.load_task(tmp_path / "a" / p / n) for p, n in ((part, t), ("train", base)))
+            assert twin.instruction == orig.instruction
+            steps = (twin.solution_dir / "solve.sh").read_text().split("# step: ")
+            assert microtasks.is_stale_step(steps[1].splitlines()[0]) and causes[t]["path"] in steps[1]
+            assert steps[2:] == [x for x in (orig.solution_dir / "solve.sh").read_text().split("# step: ")[1:]
+                                 if not microtasks.is_stale_step(x.splitlines()[0])]
+    assert len(set(bases.values())) == len(twins)  # dev and held-out twin distinct train tasks
+    with pytest.raises(ValueError, match="stale_vary"):
+        microtasks.generate(tmp_path / "c", n_train=20, entry_split=True)
+
+
 def test_composed_stale_names_split_by_piece_pair_and_each_piece_is_one_token(tmp_path):
     """--stale-compose: every stem and extension occurs in train names, no dev or held-out name
     does; the split follows the task seed; generate plants them; make_model keeps each piece one token."""
@@ -178,7 +216,12 @@ def test_cause_stats_counts_recoveries_by_cause_own_removals_and_blind_ones():
     assert st["stale_removed"] == 0.5 and st["stale_removed_recovered"] == 1.0
     # c has nothing planted: removing report.old there is blind; removing its own wrong output is not
     assert st["blind_removal"] == 0.5
+    # a's second fork removed report.old, a planted name not its own (recalled, not read); clash
+    # states (b) have no planted name of their own and are not counted
+    assert st["other_name_removal"] == 0.5
     assert set(st) == set(E.CAUSES)
+    composed = E.cause_stats([0.0], [rm("/app/out/cache.tmp")], ["c"], causes)
+    assert composed["blind_removal"] == 1.0  # a composed STEM.EXT name counts as planted too
 
 
 def test_repair_rows_remove_the_policys_stray_output_and_verify(docker_ready, tmp_path):
