@@ -1,0 +1,146 @@
+"""The paired learning experiment (bench/experiment_paired.py): its pre-registered analysis on
+hand-computed values, pooling from replicate files alone, and the bank's rebuild by replay."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import experiment_paired as P  # noqa: E402
+import microtasks  # noqa: E402
+
+import common as C  # noqa: E402
+
+# Student-t quantiles from a printed table: t(0.995, 3) = 5.841, t(0.975, 7) = 2.365
+PLAN = {"looks": [4, 8], "nominal_alpha": [0.01, 0.05], "alpha": 0.05, "futility_margin": 0.03,
+        "forks_per_state": 2, "mdd": 0.05}
+
+
+def test_t_quantile_matches_the_printed_table():
+    assert P.t_quantile(0.995, 3) == pytest.approx(5.841, abs=1e-3)
+    assert P.t_quantile(0.975, 7) == pytest.approx(2.365, abs=1e-3)
+    # MDD at 8 replicates, SD 0.02, two-sided 0.05, 80% power: (2.365 + t(0.8, 7) = 0.896) * 0.02 / sqrt 8
+    assert P.mdd(0.02, 8, 0.05) == pytest.approx((2.365 + 0.896) * 0.02 / 8 ** 0.5, abs=2e-4)
+
+
+@pytest.mark.parametrize("diffs, decision, interval", [
+    # mean 0.1, sd 0.01633: 0.1 -+ 5.841 * 0.01633 / 2 = [0.0523, 0.1477]: excludes 0
+    ([0.1, 0.12, 0.08, 0.1], "efficacy: fork better", [0.0523, 0.1477]),
+    ([-0.1, -0.12, -0.08, -0.1], "efficacy: standard_retry better", [-0.1477, -0.0523]),
+    # mean 0, sd 0.008165: [-0.0238, 0.0238]; the upper bound is below the futility margin 0.03
+    ([0.01, -0.01, 0.0, 0.0], "futility", [-0.0238, 0.0238]),
+    # mean 0, sd 0.04082: [-0.1192, 0.1192]: neither bound crossed at the first look
+    ([0.05, -0.05, 0.0, 0.0], "continue", [-0.1192, 0.1192]),
+])
+def test_sequential_verdict_at_the_first_look(diffs, decision, interval):
+    v = P.verdict(diffs, PLAN)
+    assert v["decision"] == decision and v["look"] == 4
+    assert v["interval"] == pytest.approx(interval, abs=2e-4)
+
+
+def test_verdict_at_the_last_look_and_before_the_first():
+    assert P.verdict([0.1, 0.2], PLAN)["decision"] == "continue"
+    # first look: mean 0, sd 0.04082 -> continue; last look (8): mean 0.0125, squared deviations sum
+    # to 0.01875, sd sqrt(0.01875 / 7) = 0.05175; 0.0125 -+ 2.365 * 0.05175 / sqrt 8 = [-0.0308, 0.0558]
+    diffs = [0.05, -0.05, 0.0, 0.0, 0.05, -0.05, 0.1, 0.0]
+    v = P.verdict(diffs, PLAN)
+    assert v["look"] == 8 and v["decision"] == "no detectable difference"
+    assert v["interval"] == pytest.approx([-0.0308, 0.0558], abs=2e-4)
+
+
+def replicate(r: int, fork: list[float], retry: list[float], sft: list[float]) -> dict:
+    """A replicate.json as run_replicate writes it (2 states x 2 forks)."""
+    def point(step: int, xs: list[float]) -> dict:
+        return {"grpo_step": step, "env_steps": 100 * step, "recovery": sum(xs) / len(xs)}
+    rec = sum(sft) / len(sft)
+    return {"replicate": r, "block": "runs/b", "block_seed": 0, "task_seed": 5, "evaluated_on": "heldout",
+            "sft": {"recovery": rec, "samples": sft, "sample_tasks": ["a", "a", "b", "b"],
+                    "forks_per_state": 2},
+            "env_steps": {"fork": 1600, "standard_retry": 1590}, "env_steps_pool": 80,
+            "curves": {"fork": [{"grpo_step": 0, "env_steps": 0, "recovery": rec}, point(16, fork)],
+                       "standard_retry": [{"grpo_step": 0, "env_steps": 0, "recovery": rec},
+                                          point(16, retry)]},
+            "samples": {"fork": fork, "standard_retry": retry},
+            "by_cause": {a: {"stale": 0.5} for a in P.ARMS},
+            "secondary": {a: {"pass_at_1": 0.5, "success_with_retry": 0.6} for a in P.ARMS},
+            "nonuniform_group_frac": {a: 0.5 for a in P.ARMS}}
+
+
+def test_combine_pools_replicate_files_alone_under_the_plan(tmp_path):
+    sft = [0.0, 1.0, 0.0, 0.0]
+    reps = [replicate(0, [1, 1, 0, 1], [1, 0, 0, 0], sft), replicate(1, [1, 0, 1, 1], [0, 0, 1, 1], sft),
+            replicate(2, [1, 1, 1, 1], [1, 1, 0, 0], sft), replicate(3, [0, 1, 1, 1], [1, 0, 0, 1], sft)]
+    for r in reps:
+        (tmp_path / f"rep{r['replicate']}").mkdir()
+        (tmp_path / f"rep{r['replicate']}/replicate.json").write_text(json.dumps(r))
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    res = P.main(["--combine", str(tmp_path), "--plan", str(tmp_path / "plan.json"), "--out",
+                  str(tmp_path / "pooled"), "--bootstrap", "500"])
+    assert res["replicates"] == 4 and res["arms"] == ["fork", "standard_retry"]
+    assert res["bank_states"] == 2 and res["forks_per_state"] == 2 and res["grpo_steps"] == 16
+    assert res["sft_bank_recovery"] == 0.25 and res["env_steps"] == {"fork": 1600, "standard_retry": 1590}
+    # per replicate fork - standard_retry: 0.75-0.25, 0.75-0.5, 1-0.5, 0.75-0.5
+    assert res["diffs"] == pytest.approx([0.5, 0.25, 0.5, 0.25])
+    assert res["fork_minus_standard_retry"] == pytest.approx(0.375)
+    # sd 0.1443: 0.375 -+ 5.841 * 0.1443 / 2 = [-0.047, 0.797]: four replicates this noisy go on
+    assert res["verdict"]["decision"] == "continue"
+    assert res["verdict"]["interval"] == pytest.approx([-0.0465, 0.7965], abs=3e-4)
+    assert res["curves"]["fork"][1] == pytest.approx({"grpo_step": 16, "env_steps": 1600, "recovery": 0.8125,
+                                                      "min": 0.75, "max": 1.0, "n": 4})
+    assert res["mdd"] == 0.05 and (tmp_path / "pooled/curves.png").stat().st_size > 0
+    lo, hi = res["ci95_bootstrap"]
+    assert 0.0 <= lo <= 0.375 <= hi <= 0.75  # every resampled difference lies in [0, 0.75] here
+    stored = json.loads((tmp_path / "pooled/results.json").read_text())
+    assert stored["verdict"] == res["verdict"]
+    plan = PLAN | {"forks_per_state": 4}
+    (tmp_path / "plan4.json").write_text(json.dumps(plan))
+    with pytest.raises(SystemExit, match="forks every bank state 4 times"):
+        P.main(["--combine", str(tmp_path), "--plan", str(tmp_path / "plan4.json"), "--out",
+                str(tmp_path / "x")])
+
+
+def test_paired_bootstrap_keeps_a_states_arms_together():
+    """Every state's fork and standard_retry differ by exactly 0.5, so every paired draw gives 0.5;
+    resampling the arms' states independently would not."""
+    rep = {"per_state": [(1.0, 0.5), (0.5, 0.0), (0.75, 0.25), (0.5, 0.0)]}
+    assert P.paired_bootstrap([rep, rep], 200, random.Random(1)) == pytest.approx([0.5, 0.5])
+    assert P.per_state({"samples": {"fork": [1, 0, 1, 1], "standard_retry": [0, 0, 1, 0]}}, 2) == [
+        (0.5, 0.0), (1.0, 0.5)]
+
+
+def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_ready, tmp_path):
+    """A bank whose snapshot image is gone is rebuilt by replaying the attempt's commands: the
+    rebuilt snapshot holds the same files under /app as a snapshot of the original attempt."""
+    cause = microtasks.stale_cause("folder", "junk.dat", "elk")
+    name = microtasks.write_task(tmp_path / "tasks/heldout", "write", "apple", "elk", "", stale=cause)
+    task = C.load_task(tmp_path / "tasks/heldout" / name)
+    cmds = ["mkdir -p /app/out", "cd /app/out", "echo apple > elk.txt"]
+    listing = "find /app -printf '%p %s\\n' | sort; pwd"
+    with C.env_session():
+        with C.start_env(task, internet=False) as env:
+            for c in cmds:
+                env.bash(c)
+            original = env.bash(listing).output
+        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": task.instruction}]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [C.tool_call("bash", {"command": c})]}
+                     for c in cmds]
+        (tmp_path / "bank.jsonl").write_text(json.dumps({"id": "s1", "task": name, "snapshot":
+                                                          "reterm-snap/gone:0", "messages": messages}) + "\n")
+        b = {"bank": tmp_path / "bank.jsonl", "tasks": tmp_path / "tasks",
+             "ecfg": type("Cfg", (), {"eval_on": "heldout"})}
+        path = P.replay_bank(b, tmp_path / "rep0", 2)
+        row = C.read_jsonl(path)[0]
+        try:
+            assert row["snapshot"] != "reterm-snap/gone:0" and row["messages"] == messages
+            with C.start_env(task, image=row["snapshot"], internet=False) as env:
+                assert env.bash(listing).output == original  # the same files, and the same cwd
+            assert P.replay_bank(b, tmp_path / "rep0", 2) == path  # live: nothing rebuilt
+            assert C.read_jsonl(path)[0]["snapshot"] == row["snapshot"]
+        finally:
+            C.remove_snapshots(path)
