@@ -937,6 +937,48 @@ def read_jsonl(path: str | Path, strict: bool = False) -> list[dict]:
     return rows
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def metric_fields(rows: list[dict]) -> list[str]:
+    """The fields of metrics rows worth a curve: those with a finite number in some row, first-seen
+    order, the step (the x axis) excluded."""
+    return [k for k in dict.fromkeys(k for r in rows for k in r) if k != "step"
+            and any(_number(r.get(k)) for r in rows)]
+
+
+def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw a run's metrics.jsonl as curves: one panel per numeric field any row logs (reward, loss,
+    clip fraction, KL, grad norm, memory, tokens/s, ...), against its step. Returns the PNG's path
+    (default RUN_DIR/metrics.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    fields = metric_fields(rows)
+    if not fields:
+        raise UserError(f"{run_dir}: no numeric metrics.jsonl field to plot")
+    cols = min(4, len(fields))
+    fig, axes = plt.subplots(-(-len(fields) // cols), cols, figsize=(4 * cols, 2.6 * -(-len(fields) // cols)),
+                             squeeze=False)
+    for ax, key in zip(axes.flat, fields, strict=False):
+        pts = [(r.get("step", i + 1), r[key]) for i, r in enumerate(rows) if _number(r.get(key))]
+        ax.plot(*zip(*pts, strict=True), ".-" if len(pts) < 50 else "-")
+        ax.set_title(key, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(fields):]:
+        ax.axis("off")
+    fig.suptitle(str(run_dir), fontsize=9)
+    fig.tight_layout()
+    path = Path(out) if out else Path(run_dir) / "metrics.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def check_choice(flag: str, value: str, choices: Iterable[str]) -> None:
     """An enumerated flag must be one of its choices: a typo is a one-line error, never a default."""
     if value not in choices:
@@ -3015,6 +3057,9 @@ def _cli(argv: list[str]) -> None:
     reap_p.add_argument("--toolchains", action="store_true",
                         help="also remove toolchain images and volumes other checkouts built that no "
                              "container uses (only while no run of another checkout is going)")
+    plot = sub.add_parser("plot", help="draw a run's metrics.jsonl as curves, one panel per field")
+    plot.add_argument("run_dir", help="a stage's output folder (it holds metrics.jsonl)")
+    plot.add_argument("--out", help="the PNG to write (default RUN_DIR/metrics.png)")
     tiny = sub.add_parser("tiny-model", help="write a random-init tiny model folder")
     tiny.add_argument("out")
     tiny.add_argument("--arch", default="qwen3_5", choices=["qwen3_5", "qwen3"])
@@ -3032,9 +3077,11 @@ def _cli(argv: list[str]) -> None:
             if args.toolchains:
                 images, volumes = remove_old_toolchains(host)
                 print(f"{host or _default_url()}: removed {images} old toolchain images, {volumes} volumes")
+    elif args.cmd == "plot":
+        print(plot_metrics(args.run_dir, args.out))
     elif args.cmd == "tiny-model":
         print(make_tiny_model(args.out, arch=args.arch))
 
 
 if __name__ == "__main__":
-    _cli(sys.argv[1:])
+    run_main(lambda: _cli(sys.argv[1:]))
