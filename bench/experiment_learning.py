@@ -206,6 +206,13 @@ def recipe(config: dict) -> dict:
     return fields | split_fields(config)
 
 
+def write_tasks(cfg: Config, tasks: Path) -> dict:
+    """The task folders and split.json of cfg's split (microtasks.generate; fixed by its fields)."""
+    return microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
+                               cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev,
+                               cfg.stale_vary, cfg.stale_compose, cfg.entry_split)
+
+
 def split_fields(config: dict) -> dict:
     """The SPLIT_FIELDS a config ran with (LEGACY for older ones); plain_frac counts only with plain_demos."""
     fields = {k: config.get(k, LEGACY.get(k)) for k in SPLIT_FIELDS}
@@ -972,9 +979,7 @@ def main(argv: list[str] | None = None) -> dict:
     C.dump_config(cfg, out)
     t0 = time.monotonic()
     tasks = out / "tasks"
-    split = microtasks.generate(tasks, cfg.n_train, cfg.n_heldout, cfg.heldout_frac, cfg.task_seed,
-                                cfg.pool_frac, cfg.stale_frac, cfg.fresh_out, cfg.dev_frac, cfg.n_dev,
-                                cfg.stale_vary, cfg.stale_compose, cfg.entry_split)
+    split = write_tasks(cfg, tasks)
     recoveries, plain, solutions, data = (out / "data" / f for f in ("reterm.jsonl", "plain.jsonl",
                                                                       "solutions.jsonl", "sft.jsonl"))
     sh(["01_build_data.py", "--tasks", tasks / "train", "--teacher", "oracle", "--out", recoveries,

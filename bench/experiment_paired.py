@@ -2,6 +2,7 @@
 recovery better than fresh-start GRPO whose failed attempts go on with a recovery turn?
 
     python bench/experiment_paired.py --block RUN --out DIR --replicates 0,1     # paired replicates
+    python bench/experiment_paired.py --block RUN --keep-block bench/results/NAME  # keep a block (~5 MB)
     python bench/experiment_paired.py --combine DIR ... --plan bench/prereg_paired.json --out DIR
 
 The design (bench/experiment_learning.md, "The paired design", tells why):
@@ -64,6 +65,7 @@ class Config:
     # least this often (a policy that still copies its trained arguments wrong is half-trained)
     gate_plain_pass: float = 0.8
     secondary: bool = True  # 05 Pass@1 and success with one retry on the evaluation tasks, at the end
+    keep_block: str = ""  # instead: copy what replicates need of --block to this folder (to commit it)
     combine: list[str] = dataclasses.field(default_factory=list)  # replicate folders (or runs of them)
     plan: str = "bench/prereg_paired.json"  # --combine: the pre-registered analysis plan
     bootstrap: int = 4000  # --combine: bootstrap resamples (replicates and bank states together)
@@ -71,8 +73,16 @@ class Config:
 
 # ---- the block: the SFT policy, its gate and its bank -------------------------------------------
 
+# what of a block run is kept (keep_block): enough for replicates on another machine
+BLOCK_FILES = ("config.json", "results.json", "seed{s}/sft_result.json",
+               "seed{s}/failures_heldout/failures.jsonl", "seed{s}/failures_heldout/attempts.jsonl",
+               "seed{s}/failures_train/attempts.jsonl", "seed{s}/{phase}/final")
+
+
 def block_parts(cfg: Config) -> dict:
-    """Paths and figures of the block: its experiment config, split, SFT model, bank and SFT samples."""
+    """Paths and figures of the block: its experiment config, split, SFT model, bank and SFT samples.
+    A kept block (keep_block) has no tasks/: they are written again from its config (the split is a
+    function of it) into OUT/tasks and checked against the task lists its results.json names."""
     run = Path(cfg.block)
     seed_dir = run / f"seed{cfg.block_seed}"
     sft = json.loads((seed_dir / "sft_result.json").read_text())
@@ -82,9 +92,34 @@ def block_parts(cfg: Config) -> dict:
     fields = {f.name for f in dataclasses.fields(E.Config)}
     ecfg = E.Config(**{k: v for k, v in econf.items() if k in fields})
     model = seed_dir / ("repair" if ecfg.repair_steps else "sft") / "final"
-    return {"run": run, "seed_dir": seed_dir, "ecfg": ecfg, "model": model, "sft": sft,
-            "tasks": run / "tasks", "bank": seed_dir / "failures_heldout/failures.jsonl",
-            "split": json.loads((run / "tasks/split.json").read_text())}
+    tasks = run / "tasks"
+    if not (tasks / "split.json").exists():
+        tasks = Path(cfg.out) / "tasks"
+        split = E.write_tasks(ecfg, tasks)
+        kept = json.loads((run / "results.json").read_text())
+        if any(split[k] != kept[f"{k}_tasks"] for k in ("train", "dev", "heldout")):
+            raise SystemExit(f"{run}: its config no longer writes the tasks its results.json names")
+    return {"run": run, "seed_dir": seed_dir, "ecfg": ecfg, "model": model, "sft": sft, "tasks": tasks,
+            "bank": seed_dir / "failures_heldout/failures.jsonl",
+            "split": json.loads((tasks / "split.json").read_text())}
+
+
+def keep_block(run: Path, seed: int, dest: Path) -> list[Path]:
+    """Copy what replicates need of a block run (BLOCK_FILES: its config, SFT figures, bank, the
+    gate's attempts and the SFT model, ~5 MB) to dest, e.g. bench/results/<name> to commit it."""
+    import shutil
+
+    phase = "repair" if json.loads((run / "config.json").read_text()).get("repair_steps") else "sft"
+    copied = []
+    for f in BLOCK_FILES:
+        src, dst = run / f.format(s=seed, phase=phase), dest / f.format(s=seed, phase=phase)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.pt", "optim*"))
+        else:
+            shutil.copy2(src, dst)
+        copied.append(dst)
+    return copied
 
 
 def gate(b: dict) -> dict:
@@ -297,8 +332,16 @@ def combine(cfg: Config) -> dict:
         raise SystemExit("--combine: no replicate.json under " + ", ".join(cfg.combine))
     blocks = {(rep["block"], rep["block_seed"]): rep["sft"]["recovery"] for rep in reps}
     forks = plan["forks_per_state"]
-    if any(rep["sft"]["forks_per_state"] != forks for rep in reps):
-        raise SystemExit(f"--combine: the plan forks every bank state {forks} times; a replicate differs")
+    for rep, path in zip(reps, paths, strict=True):
+        if rep["sft"]["forks_per_state"] != forks:
+            raise SystemExit(f"--combine: the plan forks every bank state {forks} times; {path} differs")
+        # a plan names the frozen commit, task seed and split its replicates must have run at
+        code, frozen = str(rep.get("code")), plan.get("frozen_commit")
+        if frozen and (not code.startswith(frozen) or code.endswith("+dirty")):
+            raise SystemExit(f"--combine: {path} ran at {code}, not at the plan's frozen commit {frozen}")
+        for key in ("task_seed", "evaluated_on"):
+            if key in plan and rep.get(key) != plan[key]:
+                raise SystemExit(f"--combine: {path} has {key} {rep.get(key)!r}; the plan says {plan[key]!r}")
     for rep in reps:
         rep["per_state"] = per_state(rep, forks)
     diffs = [rep["curves"]["fork"][-1]["recovery"] - rep["curves"]["standard_retry"][-1]["recovery"]
@@ -373,6 +416,10 @@ def main(argv: list[str] | None = None) -> dict:
         return combine(cfg)
     if not cfg.block:
         raise SystemExit("--block RUN is required (a finished experiment_learning.py --sft-only run)")
+    if cfg.keep_block:
+        copied = keep_block(Path(cfg.block), cfg.block_seed, Path(cfg.keep_block))
+        print(f"kept {len(copied)} paths of {cfg.block} in {cfg.keep_block}")
+        return {"kept": [str(p) for p in copied]}
     b = block_parts(cfg)
     g = gate(b)
     C.dump_config(cfg, cfg.out)
