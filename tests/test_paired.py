@@ -60,6 +60,7 @@ def replicate(r: int, fork: list[float], retry: list[float], sft: list[float]) -
         return {"grpo_step": step, "env_steps": 100 * step, "recovery": sum(xs) / len(xs)}
     rec = sum(sft) / len(sft)
     return {"replicate": r, "block": "runs/b", "block_seed": 0, "task_seed": 5, "evaluated_on": "heldout",
+            "code": "abc124",
             "sft": {"recovery": rec, "samples": sft, "sample_tasks": ["a", "a", "b", "b"],
                     "forks_per_state": 2},
             "env_steps": {"fork": 1600, "standard_retry": 1590}, "env_steps_pool": 80,
@@ -98,11 +99,14 @@ def test_combine_pools_replicate_files_alone_under_the_plan(tmp_path):
     assert 0.0 <= lo <= 0.375 <= hi <= 0.75  # every resampled difference lies in [0, 0.75] here
     stored = json.loads((tmp_path / "pooled/results.json").read_text())
     assert stored["verdict"] == res["verdict"]
-    plan = PLAN | {"forks_per_state": 4}
-    (tmp_path / "plan4.json").write_text(json.dumps(plan))
-    with pytest.raises(SystemExit, match="forks every bank state 4 times"):
-        P.main(["--combine", str(tmp_path), "--plan", str(tmp_path / "plan4.json"), "--out",
-                str(tmp_path / "x")])
+    for change, message in (({"forks_per_state": 4}, "forks every bank state 4 times"),
+                            ({"frozen_commit": "abc123"}, "not at the plan's frozen commit abc123"),
+                            ({"task_seed": 6}, "task_seed 5; the plan says 6"),
+                            ({"evaluated_on": "dev"}, "evaluated_on 'heldout'; the plan says 'dev'")):
+        (tmp_path / "plan2.json").write_text(json.dumps(PLAN | change))
+        with pytest.raises(SystemExit, match=message):
+            P.main(["--combine", str(tmp_path), "--plan", str(tmp_path / "plan2.json"), "--out",
+                    str(tmp_path / "x")])
 
 
 def test_paired_bootstrap_keeps_a_states_arms_together():
@@ -144,3 +148,61 @@ def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_read
             assert C.read_jsonl(path)[0]["snapshot"] == row["snapshot"]
         finally:
             C.remove_snapshots(path)
+
+
+@pytest.mark.slow
+def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_training(docker_ready, tmp_path):
+    """A toy `experiment_learning.py --sft-only --entry-split` block, then one paired replicate: the
+    replicate.json contract, both arms at the fork arm's environment steps, and no dev/held-out twin,
+    nor any planted name of theirs, in an SFT row, the fork pool or a GRPO group of either arm."""
+    import importlib.util
+
+    import experiment_learning as E
+
+    block = tmp_path / "block"
+    argv = ["--out", str(block), "--seeds", "1", "--n-train", "10", "--n-heldout", "3", "--n-dev", "3",
+            "--stale-frac", "0.5", "--stale-vary", "--stale-compose", "--entry-split", "--plain-frac", "1",
+            "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
+            "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "4", "--batch-states", "2",
+            "--group-size", "2", "--recovery-samples", "2", "--eval-trials", "1", "--max-turns", "2",
+            "--max-tokens", "32", "--concurrency", "4", "--eval-on", "dev", "--sft-only"]
+    engine = [] if importlib.util.find_spec("vllm") else ["--engine", "hf"]
+    E.main(argv + engine)
+    # the block as it is committed (no tasks/, data/ or base model): replicates write the tasks again
+    kept = tmp_path / "kept"
+    P.main(["--block", str(block), "--keep-block", str(kept)])
+    assert not (kept / "tasks").exists() and (kept / "seed0/sft/final/config.json").exists()
+    out = tmp_path / "paired"
+    done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "2",
+                   "--eval-every", "1", "--curve-forks", "1", "--gate-plain-pass", "0"])
+    assert (out / "tasks/split.json").read_text() == (block / "tasks/split.json").read_text()
+    rep = json.loads((out / "rep7/replicate.json").read_text())
+    assert done[7] == rep and rep["replicate"] == 7 and rep["evaluated_on"] == "dev"
+    assert rep["block"] == str(kept) and rep["gate"]["n_plain_attempts"] > 0
+    split = json.loads((block / "tasks/split.json").read_text())
+    sft = json.loads((block / "seed0/sft_result.json").read_text())
+    n = len(sft["recovery_before"])
+    assert n == 2 * len(C.read_jsonl(block / "seed0/failures_heldout/failures.jsonl")) > 0
+    assert rep["sft"]["samples"] == sft["recovery_before"] and rep["sft"]["forks_per_state"] == 2
+    for arm in P.ARMS:
+        assert [p["grpo_step"] for p in rep["curves"][arm]] == [0, 1, 2]
+        assert [p.get("forks_per_state") for p in rep["curves"][arm]] == [None, 1, 2]
+        assert len(rep["samples"][arm]) == n  # the final point forks every state as often as SFT's
+        assert rep["curves"][arm][-1]["recovery"] == sum(rep["samples"][arm]) / n
+    # standard_retry ran to the fork arm's environment steps, whose budget counts stage 03's pool
+    assert 0 < rep["env_steps_pool"] < rep["env_steps"]["fork"] <= rep["env_steps"]["standard_retry"]
+    twins = set(split["heldout"]) | set(split["dev"])
+    names = {Path(split["causes"][t]["path"]).name for t in twins if split["causes"][t]["kind"] != "clash"}
+    rows = [r for f in ("sft.jsonl", "warmup.jsonl") if (block / "data" / f).exists()
+            for r in C.read_jsonl(block / "data" / f)]
+    assert rows and not {r["task_id"] for r in rows} & twins
+    assert not [n for n in names for r in rows if n in json.dumps(r["messages"])]
+    pooled = {r["task"] for r in C.read_jsonl(out / "rep7/pool/attempts.jsonl")}
+    grouped = {g["task"] for arm in P.ARMS for r in C.read_jsonl(out / f"rep7/{arm}/metrics.jsonl")
+               for g in r["group_rewards"]}
+    assert pooled and grouped and not (pooled | grouped) & twins
+    # the bank's rebuilt snapshots and the pool's are removed when the replicate ends
+    tags = {r["snapshot"] for f in ("bank.jsonl", "pool/failures.jsonl")
+            for r in C.read_jsonl(out / "rep7" / f)}
+    images = C.docker_client().images.list(filters={"label": "reterm.kind=snapshot"})
+    assert tags and not tags & {t for i in images for t in i.tags}
