@@ -259,6 +259,22 @@ def test_loss_falls(models, data, tmp_path):
     assert len(ls) == 20 and sum(ls[-3:]) / 3 < 0.5 * sum(ls[:3]) / 3, ls
 
 
+def test_exported_config_says_the_dtype_its_tensors_have(models, tmp_path):
+    """A model trained in fp32 (FSDP's master weights), exported in bf16: config.json must say
+    bfloat16, as the safetensors hold, and the folder loads back in bf16."""
+    from safetensors import safe_open
+
+    model, tok = C.load_model(models["qwen3_5"]), C.load_tokenizer(models["qwen3_5"])
+    out = C.export_hf(model, tok, tmp_path / "final", dtype=torch.bfloat16)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and config.get("torch_dtype", "bfloat16") == "bfloat16", config
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert next(C.load_model(out, dtype="auto").parameters()).dtype == torch.bfloat16
+    as_trained = json.loads((C.export_hf(model, tok, tmp_path / "fp32") / "config.json").read_text())
+    assert as_trained["dtype"] == "float32"
+
+
 def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_path):
     out = tmp_path / "cli"
     subprocess.run([sys.executable, "02_sft.py", "--data", str(data), "--model", str(models["qwen3_5"]),
