@@ -226,22 +226,28 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-def measure_peak(fn, device, model, optimizer) -> float:
-    """Peak bytes while fn() runs, everything live counted (parameters, gradients, optimizer state,
-    activations): the CUDA allocator's statistics on GPU; on CPU a dispatch mode that follows every
-    tensor storage (_LiveBytes), starting from the model's and the optimizer's tensors."""
+def measure_peaks(fn, device, model, optimizer) -> tuple[float, float]:
+    """(allocated, reserved) peak bytes while fn() runs, everything live counted (parameters,
+    gradients, optimizer state, activations): the CUDA allocator's statistics on GPU (reserved: what
+    its cache held, fragmentation included); on CPU a dispatch mode that follows every tensor storage
+    (_LiveBytes), starting from the model's and the optimizer's tensors, both figures that peak."""
     if getattr(device, "type", device) == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         fn()
         torch.cuda.synchronize()
-        return float(torch.cuda.max_memory_allocated())
+        return float(torch.cuda.max_memory_allocated()), float(torch.cuda.max_memory_reserved())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     moments = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
     initial = [*model.parameters(), *model.buffers(), *grads, *moments]
     with _LiveBytes(initial) as live:
         fn()
-    return float(live.peak)
+    return float(live.peak), float(live.peak)
+
+
+def measure_peak(fn, device, model, optimizer) -> float:
+    """The allocated peak of measure_peaks."""
+    return measure_peaks(fn, device, model, optimizer)[0]
 
 
 def stage_defaults() -> dict:

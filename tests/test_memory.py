@@ -113,3 +113,19 @@ def test_gpu_check_cpu_tiny_writes_every_field(tmp_path):
     assert want04 <= set(out["grpo_train"]) and out["grpo_train"]["micro_batches"] == 2
     for part in ("sft", "grpo_train"):
         assert "error" not in out[part] and 0.8 <= out[part]["plan_over_measured"] <= 1.2, out[part]
+        assert out[part]["reserved_peak_gb"] >= out[part]["peak_gb"] > 0, out[part]
+    kinds = out["model"]["layer_types"]
+    assert len(kinds) == out["model"]["layers"] and {"linear_attention", "full_attention"} <= set(kinds)
+
+
+@pytest.mark.parametrize("gpu_gb", [85.0, 150.0])  # what an H100 / H200 report as their total
+@pytest.mark.parametrize("fla", [True, False])
+def test_gpu_check_depth_runs_full_attention_too(gpu_gb, fla):
+    """The automatic depth is a multiple of the full-attention interval: the check always runs
+    both kinds of layer (three linear-attention layers alone say nothing of flash-attn's)."""
+    import gpu_check as GC
+
+    layers = GC.deepest_fitting(gpu_gb * 1e9, 32768, fla)
+    kinds = GC.model_config(layers, False).layer_types
+    assert layers % MP.load_config("qwen3.5-9b").full_attention_interval == 0
+    assert {"linear_attention", "full_attention"} <= set(kinds) and len(kinds) == layers
