@@ -204,13 +204,16 @@ def linear_attention_layer(model):
 
 
 def resolved_kernel(layer, names: tuple[str, ...]):
-    """The function a linear-attention layer will call for one of `names`: the layer's own attribute,
-    else its modelling module's global, unwrapped from transformers' fallback decorator (which binds
-    the package's kernel at import, or the torch reference when that import failed)."""
-    module = sys.modules[type(layer).__module__]
-    fn = next((f for n in names for f in (getattr(layer, n, None), getattr(module, n, None)) if f), None)
+    """The kernel a linear-attention layer will call for one of `names` (its own attribute, else a
+    global of its class's modelling module), unwrapped from transformers' fallback decorator, which
+    binds the package's kernel at import or, when that import fails, the torch reference; None when
+    the layer would run a torch reference (a function of its own modelling module) or nothing."""
+    homes = {c.__module__ for c in type(layer).__mro__}  # a wrapper class (FSDP's) keeps the original's
+    places = [layer, *(sys.modules[m] for m in sorted(homes) if m in sys.modules)]
+    fn = next((f for n in names for p in places if (f := getattr(p, n, None)) is not None), None)
     free = getattr(getattr(fn, "__code__", None), "co_freevars", ())
-    return fn.__closure__[free.index("implementation")].cell_contents if "implementation" in free else fn
+    impl = fn.__closure__[free.index("implementation")].cell_contents if "implementation" in free else fn
+    return None if impl is None or getattr(impl, "__module__", None) in homes else impl
 
 
 def leaking_kernels(model) -> list[str]:
@@ -223,9 +226,7 @@ def leaking_kernels(model) -> list[str]:
     layer = linear_attention_layer(model)
     if layer is None:
         return []
-    torch_module = type(layer).__module__
-    return [pkg for pkg, names in LINEAR_KERNELS.items()
-            if getattr(resolved_kernel(layer, names), "__module__", torch_module) == torch_module]
+    return [pkg for pkg, names in LINEAR_KERNELS.items() if resolved_kernel(layer, names) is None]
 
 
 def packing_supported(model) -> bool:

@@ -430,6 +430,7 @@ class VLLMEngine:
         """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
         the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
         load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
+        enter_rank_device(self.device)  # from whichever thread pushes: the engine's own GPU
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()

@@ -208,12 +208,22 @@ def fake_metadata_gpu(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
+def as_if_sharded(model) -> None:
+    """Each linear-attention layer's class replaced by a subclass made elsewhere, as FSDP2's
+    fully_shard does to the modules it wraps."""
+    for m in model.modules():
+        if getattr(m, "layer_type", None) == "linear_attention":
+            m.__class__ = type(f"FSDP{type(m).__name__}", (type(m),), {})
+
+
 def test_packing_refused_when_the_layers_call_torch_fallbacks_despite_package_metadata(models, monkeypatch):
     """The kernels failed to import (an ABI mismatch is enough): Qwen3.5's linear-attention layers
     call transformers' torch references, which ignore cu_seqlens / seq_idx. 02 must not pack, and
     says which kernel is missing and the two ways out, in one line."""
     fake_metadata_gpu(monkeypatch)
     model = C.load_model(models["qwen3_5"])
+    assert sft.packing_supported(model) is False
+    as_if_sharded(model)
     assert sft.packing_supported(model) is False
     assert {"causal-conv1d", "flash-linear-attention"} <= set(sft.missing_kernels(model))
     for batching in ("pack", "auto"):
@@ -247,7 +257,8 @@ def test_packing_accepted_when_the_layers_call_the_kernels(models, monkeypatch):
         loaded = use_kernel_func_from_hub_with_fallback(func, pkg)(torch_reference)
         monkeypatch.setattr(modeling, global_name, loaded)
     assert sft.leaking_kernels(model) == [] and sft.packing_supported(model) is True
-    assert sft.choose_packing("pack", model, gpu=True) is True
+    as_if_sharded(model)
+    assert sft.leaking_kernels(model) == [] and sft.choose_packing("pack", model, gpu=True) is True
     with pytest.raises(C.UserError, match="did not load flash-attn .*--batching pad"):  # sdpa was built
         sft.choose_packing("auto", model, gpu=True)
 
