@@ -2895,14 +2895,15 @@ def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None
     rank0 = is_rank0()
     sd = {n: t.cpu() for n, t in stream_weights(model, dtype) if rank0}
     if rank0:
-        model.save_pretrained(out, state_dict=sd)
-        tokenizer.save_pretrained(out)
         # save_pretrained writes the dtype of the model's own parameters (fp32 under FSDP), not of
-        # the tensors it was handed: the config says what the safetensors hold (most elements' dtype)
+        # the tensors it was handed (and may empty `sd` as it writes): the config says what the
+        # safetensors hold, the dtype of most elements
         sizes: collections.Counter = collections.Counter()
         for t in sd.values():
             sizes[t.dtype] += t.numel() if t.is_floating_point() else 0
         held = str(max(sizes, key=sizes.get)).removeprefix("torch.")
+        model.save_pretrained(out, state_dict=sd)
+        tokenizer.save_pretrained(out)
         config = json.loads((out / "config.json").read_text())
         config["dtype"] = held
         for c in [config, *(v for v in config.values() if isinstance(v, dict))]:  # and sub-configs

@@ -286,6 +286,32 @@ def test_exported_config_says_the_dtype_its_tensors_have(models, tmp_path):
     assert as_trained["dtype"] == "float32"
 
 
+EXPORT_SCRIPT = """
+import os, sys
+import torch
+sys.path.insert(0, os.getcwd())
+import common as C
+rank, world, device = C.init_distributed()
+model = C.load_model_sharded(sys.argv[1], device, world)  # fp32 shards, as trained
+C.export_hf(model, C.load_tokenizer(sys.argv[1]), sys.argv[2], dtype=torch.bfloat16)
+C.teardown_distributed()
+"""
+
+
+def test_sharded_bf16_export_says_bfloat16(models, tmp_path):
+    """The GPU path: FSDP2's fp32 parameters exported in bf16 from 2 ranks; save_pretrained would
+    write the parameters' float32 into config.json."""
+    script = tmp_path / "export.py"
+    script.write_text(EXPORT_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+           str(models["qwen3_5"]), str(tmp_path / "final")]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=300)
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16", config
+    assert {t.dtype for t in load_file(tmp_path / "final" / "model.safetensors").values()} == {torch.bfloat16}
+
+
 def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_path):
     out = tmp_path / "cli"
     subprocess.run([sys.executable, "02_sft.py", "--data", str(data), "--model", str(models["qwen3_5"]),
