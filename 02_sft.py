@@ -254,9 +254,10 @@ def choose_packing(batching: str, model, gpu: bool) -> bool:
     missing = missing_kernels(model) if batching == "auto" else leaking_kernels(model)
     if missing:
         why = "packed rows leak into each other" if leaking_kernels(model) else "SDPA builds a T x T mask"
-        raise C.UserError(f"--batching {batching}: this model did not load {', '.join(missing)} (without it "
-                          f"{why}): pip install --no-build-isolation {' '.join(missing)} (versions in "
-                          "requirements.txt) or pass --batching pad")
+        them = "them" if len(missing) > 1 else "it"
+        raise C.UserError(f"--batching {batching}: this model did not load {', '.join(missing)} "
+                          f"(without {them} {why}): pip install --no-build-isolation {' '.join(missing)} "
+                          "(versions in requirements.txt) or pass --batching pad")
     return True
 
 
