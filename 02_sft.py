@@ -11,12 +11,14 @@ cosine, gradient accumulation, clipping, bf16 on GPU, FSDP2 under torchrun, exac
 One process cannot hold 9B: fp32 weights, gradients and AdamW state take 16 bytes per parameter
 (143 GB) before any activation; 8 ranks shard them (bench/memory_plan.py has the per-GPU plan).
 
-Batching rule (automatic, --batching auto): on GPU, rows are packed best-fit into one sequence of
---micro-batch-tokens tokens when the varlen kernels are installed (flash-attn for full attention;
-flash-linear-attention and causal-conv1d for Qwen3.5's linear attention, which without them can't
-keep packed rows apart). Otherwise, and always on CPU (where a packed sequence is one dense
-block-diagonal attention, quadratic in the budget), rows of similar length are padded together
-into micro-batches of the same budget, and the log says which kernel is missing.
+Batching rule (--batching auto): on GPU, rows are packed best-fit into one sequence of
+--micro-batch-tokens tokens, which needs the varlen kernels: flash-attn for full attention,
+flash-linear-attention and causal-conv1d for Qwen3.5's linear attention (without them its torch
+fallback runs across row boundaries). Whether the loaded model's layers actually call them is read
+from the functions those layers bind; a missing one stops the run with the two ways out (install
+it, or --batching pad). On CPU (where a packed sequence is one dense block-diagonal attention,
+quadratic in the budget) rows of similar length are padded together into micro-batches of the
+same budget.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Config:
     out: str = "runs/sft"  # run folder: config.json, metrics.jsonl, ckpt/ (resumed from), final/
     max_len: int = 32768  # tokens per row; longer rows lose context from the left, or are dropped
     micro_batch_tokens: int = 32768  # token budget of one micro-batch (packed row, or rows x width)
-    batching: str = "auto"  # auto | pack | pad (auto packs when packed rows stay apart, see above)
+    batching: str = "auto"  # auto | pack | pad (auto: pack on GPU with the varlen kernels, see above)
     grad_accum: int = 4  # micro-batches per rank per optimizer step
     epochs: int = 3  # passes over the data (ignored when --max-steps is set)
     max_steps: int = 0  # optimizer steps; 0 = as many as --epochs take
@@ -190,33 +192,73 @@ def as_trace(t: tuple) -> C.TokenTrace:
     return C.TokenTrace(ids.tolist(), [0.0] * len(ids), mask.tolist())
 
 
-def packing_supported(model) -> bool:
-    """Whether rows packed into one sequence stay invisible to each other. Full attention: always
-    (restarting position_ids make transformers build a block-diagonal mask for sdpa/eager, or take
-    flash-attention's varlen path). Qwen3.5's linear-attention (Gated DeltaNet) layers learn row
-    boundaries only through flash-linear-attention's varlen kernel (cu_seqlens) and causal-conv1d's
-    seq_idx, both CUDA-only; their torch fallbacks silently run the recurrence and the convolution
-    across rows. So: pack unless the model has linear attention and those kernels are missing."""
-    from transformers.utils import import_utils as iu
+# The functions Qwen3.5's linear-attention layers call (module globals of transformers' modelling
+# file; older releases bound them on the layer) and the package that provides each kernel.
+LINEAR_KERNELS = {"causal-conv1d": ("causal_conv1d_fn",),
+                  "flash-linear-attention": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule")}
 
-    if "linear_attention" not in (getattr(C.text_config(model), "layer_types", None) or []):
-        return True
-    kernels = iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
-    return torch.cuda.is_available() and kernels
+
+def linear_attention_layer(model):
+    """A linear-attention (Gated DeltaNet) layer of the loaded model, or None (full attention only)."""
+    return next((m for m in model.modules() if getattr(m, "layer_type", None) == "linear_attention"), None)
+
+
+def resolved_kernel(layer, names: tuple[str, ...]):
+    """The kernel a linear-attention layer will call for one of `names` (its own attribute, else a
+    global of its class's modelling module), unwrapped from transformers' fallback decorator, which
+    binds the package's kernel at import or, when that import fails, the torch reference; None when
+    the layer would run a torch reference (a function of its own modelling module) or nothing."""
+    homes = {c.__module__ for c in type(layer).__mro__}  # a wrapper class (FSDP's) keeps the original's
+    places = [layer, *(sys.modules[m] for m in sorted(homes) if m in sys.modules)]
+    fn = next((f for n in names for p in places if (f := getattr(p, n, None)) is not None), None)
+    free = getattr(getattr(fn, "__code__", None), "co_freevars", ())
+    impl = fn.__closure__[free.index("implementation")].cell_contents if "implementation" in free else fn
+    return None if impl is None or getattr(impl, "__module__", None) in homes else impl
+
+
+def leaking_kernels(model) -> list[str]:
+    """Packages whose kernels the model's linear-attention layers did NOT load, read from the functions
+    those layers will call (not from package metadata: a kernel that fails to import, e.g. an ABI
+    mismatch with torch, leaves transformers' torch reference in place). Those references ignore
+    cu_seqlens / seq_idx: the convolution and the Gated-DeltaNet recurrence run across the rows of a
+    packed sequence, which then see each other. Full attention keeps packed rows apart by itself
+    (restarting position_ids: block-diagonal mask for sdpa, varlen for flash-attention)."""
+    layer = linear_attention_layer(model)
+    if layer is None:
+        return []
+    return [pkg for pkg, names in LINEAR_KERNELS.items() if resolved_kernel(layer, names) is None]
+
+
+def packing_supported(model) -> bool:
+    """Whether rows packed into one sequence stay invisible to each other: full attention always;
+    linear attention only with its CUDA varlen kernels loaded (leaking_kernels) on a GPU."""
+    return linear_attention_layer(model) is None or (torch.cuda.is_available() and not leaking_kernels(model))
 
 
 def missing_kernels(model) -> list[str]:
-    """The packages the GPU varlen path needs that are not installed: flash-attn (without it a packed
-    row is SDPA with a materialised block-diagonal mask, O(T^2) memory at 32k) and, for linear
-    attention, flash-linear-attention + causal-conv1d (without them packed rows leak into each other)."""
-    from transformers.utils import import_utils as iu
-
+    """The varlen kernels the GPU path needs that the loaded model does not use: flash-attn (the
+    attention implementation it was built with; without it a packed row is SDPA with a materialised
+    block-diagonal mask, O(T^2) memory at 32k) and leaking_kernels."""
     types_ = getattr(C.text_config(model), "layer_types", None) or ["full_attention"]
-    need = {"flash-attn": iu.is_flash_attn_2_available()} if "full_attention" in types_ else {}
-    if "linear_attention" in types_:
-        need |= {"flash-linear-attention": iu.is_flash_linear_attention_available(),
-                 "causal-conv1d": iu.is_causal_conv1d_available()}
-    return [name for name, ok in need.items() if not ok]
+    flash = model.config._attn_implementation == "flash_attention_2"
+    return (["flash-attn"] if "full_attention" in types_ and not flash else []) + leaking_kernels(model)
+
+
+def choose_packing(batching: str, model, gpu: bool) -> bool:
+    """--batching: pad; pack (refused when packed rows would leak: leaking_kernels); auto: pad on CPU
+    (a packed row is one dense masked attention there), pack on GPU and refuse unless every varlen
+    kernel is loaded (missing_kernels): nobody chooses a slow or leaking path without knowing."""
+    C.check_choice("--batching", batching, ("auto", "pack", "pad"))
+    if batching == "pad" or (batching == "auto" and not gpu):
+        return False
+    missing = missing_kernels(model) if batching == "auto" else leaking_kernels(model)
+    if missing:
+        why = "packed rows leak into each other" if leaking_kernels(model) else "SDPA builds a T x T mask"
+        them = "them" if len(missing) > 1 else "it"
+        raise C.UserError(f"--batching {batching}: this model did not load {', '.join(missing)} "
+                          f"(without {them} {why}): pip install --no-build-isolation {' '.join(missing)} "
+                          "(versions in requirements.txt) or pass --batching pad")
+    return True
 
 
 def best_fit(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
@@ -300,23 +342,16 @@ def flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
 
 def build_model(cfg: Config, device, world: int) -> tuple:
     """The model to train (FSDP2-sharded under torchrun, built on the meta device and filled from one
-    read of the checkpoint), whether its micro-batches are packed rows (--batching; auto packs on GPU
-    when the varlen kernels are installed, else pads and says which are missing; it always pads on
-    CPU, where a packed row is one dense masked attention over the whole budget), and its optimizer."""
-    C.check_choice("--batching", cfg.batching, ("auto", "pack", "pad"))
+    read of the checkpoint), whether its micro-batches are packed rows (choose_packing), and its
+    optimizer."""
     gpu = device.type == "cuda"
     model = C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu,
                                  activation_checkpointing=cfg.activation_checkpointing)
     model.config.use_cache = False
-    missing = missing_kernels(model)
-    auto = gpu and not missing
-    packed = {"pack": True, "pad": False}.get(cfg.batching, auto)
-    if packed and not packing_supported(model):
-        raise C.UserError("--batching pack: this model's linear-attention layers can't keep packed rows "
-                          "apart without the CUDA varlen kernels (flash-linear-attention, causal-conv1d)")
-    if cfg.batching == "auto" and not packed:
-        why = f"{', '.join(missing)} not installed (requirements.txt)" if gpu else "CPU"
-        C.log0(f"batching: padding rows, not packing ({why}); attention: {model.config._attn_implementation}")
+    packed = choose_packing(cfg.batching, model, gpu)
+    if not packed:
+        C.log0(f"batching: padding rows ({'--batching pad' if gpu else 'CPU'}); "
+               f"attention: {model.config._attn_implementation}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay)
     return model, packed, optimizer

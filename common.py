@@ -363,6 +363,7 @@ class VLLMEngine:
                  enable_sleep_mode: bool = False, **llm_kw: Any):
         self.tokenizer, self.llm, self.sleeps = _start_vllm(  # the settings live with the plumbing
             model_path, dtype, max_model_len, gpu_memory_utilization, seed, enable_sleep_mode, llm_kw)
+        self.device = rank_device()  # the engine's GPU: EngineQueue's thread serves on it
         self._request_ids = itertools.count()
         self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
 
@@ -429,6 +430,7 @@ class VLLMEngine:
         """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
         the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
         load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
+        enter_rank_device(self.device)  # from whichever thread pushes: the engine's own GPU
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
@@ -448,7 +450,7 @@ class HFEngine:
 
         self.model = model if model is not None else load_model(model_path, getattr(torch, dtype))
         self.tokenizer = tokenizer or load_tokenizer(model_path or self.model.name_or_path)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device) if device else rank_device()
         self.model.to(self.device).eval()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
@@ -2432,6 +2434,33 @@ def load_model(path: str | Path, dtype: Any = None, attn_implementation: str | N
     return _pretrained(AutoModelForCausalLM, path, dtype=dtype or torch.float32, **kw)
 
 
+_RANK_DEVICE: list[Any] = []  # [torch.device]: this rank's device, once recorded
+
+
+def rank_device() -> Any:
+    """This rank's device, the one place that knows it: LOCAL_RANK's GPU once init_distributed ran,
+    else the current GPU of the thread that first asks (the one building the engine), else the CPU."""
+    import torch
+
+    if not _RANK_DEVICE:
+        gpu = torch.cuda.is_available()
+        _RANK_DEVICE.append(torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu"))
+    return _RANK_DEVICE[0]
+
+
+def enter_rank_device(device: Any = None) -> None:
+    """Make `device` (default: rank_device()) the calling thread's current CUDA device. CUDA's current
+    device is per thread and a new thread starts on GPU 0, whatever its parent chose: kernels launched
+    without a device guard (vLLM's Triton causal_conv1d for Qwen3.5) and torch.cuda.current_stream()
+    would then work on GPU 0 from rank 1-7. So every thread of ours that may touch CUDA calls this
+    first (the engine thread, the hand-off thread); the main thread's is set by init_distributed."""
+    import torch
+
+    dev = torch.device(device) if device is not None else rank_device()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+
+
 def _start_vllm(model_path: str | Path, dtype: str, max_model_len: int, gpu_memory_utilization: float,
                 seed: int, enable_sleep_mode: bool, llm_kw: dict) -> tuple[Any, Any, bool]:
     """VLLMEngine's (tokenizer, vllm.LLM, whether it sleeps). Under torchrun every rank builds its own
@@ -2451,6 +2480,7 @@ def _start_vllm(model_path: str | Path, dtype: str, max_model_len: int, gpu_memo
     # a separate core process would need every weight update to cross a process boundary.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     on_gpu = torch.cuda.is_available()
+    enter_rank_device()  # vLLM builds on the current device; EngineQueue's thread serves on it too
     if not on_gpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     tokenizer = load_tokenizer(model_path)
@@ -2510,6 +2540,7 @@ class EngineQueue:
         return gen, max(0.0, started - t)
 
     def _serve(self) -> None:
+        enter_rank_device(getattr(self.engine, "device", None))  # this thread starts on GPU 0
         stream = getattr(self.engine, "continuous", False)
         inflight: dict[str, tuple[Future, float]] = {}
         failure: BaseException = EngineClosed("the rollout pool was closed")
@@ -2669,8 +2700,8 @@ def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int, Any]:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+    _RANK_DEVICE[:] = [device]
+    enter_rank_device()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -2704,6 +2735,7 @@ def _interruptible(fn: Callable[[], Any]) -> Any:
 
     def run() -> None:
         try:
+            enter_rank_device()
             done.set_result(fn())
         except BaseException as e:
             done.set_exception(e)
@@ -2905,10 +2937,20 @@ def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, dtype: Any = None
     rank0 = is_rank0()
     sd = {n: t.cpu() for n, t in stream_weights(model, dtype) if rank0}
     if rank0:
-        if dtype is not None:
-            model.config.dtype = dtype  # what the folder's config says it holds
+        # save_pretrained writes the dtype of the model's own parameters (fp32 under FSDP), not of
+        # the tensors it was handed (and may empty `sd` as it writes): the config says what the
+        # safetensors hold, the dtype of most elements
+        sizes: collections.Counter = collections.Counter()
+        for t in sd.values():
+            sizes[t.dtype] += t.numel() if t.is_floating_point() else 0
+        held = str(max(sizes, key=sizes.get)).removeprefix("torch.")
         model.save_pretrained(out, state_dict=sd)
         tokenizer.save_pretrained(out)
+        config = json.loads((out / "config.json").read_text())
+        config["dtype"] = held
+        for c in [config, *(v for v in config.values() if isinstance(v, dict))]:  # and sub-configs
+            c.update({k: held for k in ("dtype", "torch_dtype") if k in c})
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     barrier()
     return out
 

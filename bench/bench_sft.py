@@ -6,8 +6,8 @@ linear-attention layers can't keep packed rows apart on CPU (02_sft.packing_supp
 runs use the tiny Qwen3 (full attention), which can.
 
 GPU: one SFT step (after a warm-up step) of a random Qwen3.5-shaped model of about 1.5B parameters
-through 02_sft.main: tokens/s, MFU and peak memory. Packing is used if flash-linear-attention and
-causal-conv1d are installed, padding otherwise (the output says which).
+through 02_sft.main: tokens/s, MFU and peak memory. Packing is used if its linear-attention layers
+call flash-linear-attention's and causal-conv1d's kernels, padding otherwise (the output says which).
 
     python bench/bench_sft.py [--rows 64] [--budget 4096]
     python bench/bench_sft.py --model-size 1.5b --device cuda [--budget 16384]
@@ -21,7 +21,6 @@ import json
 import random
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -102,6 +101,7 @@ def gpu(args: argparse.Namespace, tmp: Path) -> None:
                             max_position_embeddings=65536)
     model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
     n_params = sum(p.numel() for p in model.parameters())
+    packed = sft.packing_supported(model)  # the linear-attention kernels its layers call
     model.save_pretrained(tmp / "model")
     C.make_tiny_tokenizer().save_pretrained(tmp / "model")  # ids < vocab: any tokenizer will do
     del model
@@ -109,9 +109,9 @@ def gpu(args: argparse.Namespace, tmp: Path) -> None:
     data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(args.rows)))
     torch.cuda.reset_peak_memory_stats()
     rows = run(data, tmp / "model", tmp / "run", "--max-len", str(args.budget), "--micro-batch-tokens",
-               str(args.budget), "--max-steps", "2", "--grad-accum", "1", "--activation-checkpointing")
+               str(args.budget), "--max-steps", "2", "--grad-accum", "1", "--activation-checkpointing",
+               "--batching", "pack" if packed else "pad")
     r = rows[-1]
-    packed = sft.packing_supported(types.SimpleNamespace(config=cfg))
     name = torch.cuda.get_device_name()
     print(f"\n== one SFT step, random Qwen3.5-shaped {n_params / 1e9:.2f}B, {name} ==")
     print(f"batching {'packed' if packed else 'padded'}, {args.budget}-token micro-batch, bf16, activation "

@@ -12,7 +12,10 @@ checkpointing), then
       one padded row otherwise: tokens/s, MFU, peak memory;
   04: one GRPO training step (token_logprobs + 04's clipped_policy_loss) on recovery rows whose
       long failed-attempt prefix is context only: peak memory;
-and writes DIR/gpu_check.json with each measured peak beside the plan's figure for the same shapes.
+and writes DIR/gpu_check.json with each measured peak, allocated and reserved (the caching
+allocator's; on CPU, which has none, the same live-tensor peak), beside the plan's figure for the
+same shapes, and the layer kinds built (the automatic depth is a multiple of the full-attention
+interval: both kinds run).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
-from transformers.utils import import_utils as iu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,10 +44,10 @@ TINY = {"hidden_size": 128, "intermediate_size": 384, "vocab_size": 2048, "num_a
 
 
 def model_config(layers: int, tiny: bool):
-    """Qwen3.5-9B's text config (or a tiny one of the same layout) cut to `layers` layers."""
+    """Qwen3.5-9B's text config (or a tiny one of the same layout) cut to its first `layers` layers
+    (three linear-attention layers, then a full-attention one, repeated)."""
     base = MP.load_config("qwen3.5-9b").to_dict() | (TINY if tiny else {})
-    base |= {"num_hidden_layers": layers, "layer_types": base["layer_types"][:layers] if not tiny else
-             (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)}
+    base |= {"num_hidden_layers": layers, "layer_types": base["layer_types"][:layers]}
     return type(MP.load_config("qwen3.5-9b"))(**{k: v for k, v in base.items() if k != "model_type"})
 
 
@@ -53,13 +55,23 @@ HEADROOM = 0.85  # the check aims at 85% of the GPU: a plan 15% low still runs (
 
 
 def deepest_fitting(gpu_bytes: float, tokens: int, fla: bool) -> int:
-    """The most layers (<= 32) whose single-GPU 02 step the plan fits in HEADROOM of this GPU."""
-    for layers in range(32, 0, -1):
+    """The most layers (<= 32), a multiple of the full-attention interval so that both kinds of
+    layer run, whose single-GPU 02 step the plan fits in HEADROOM of this GPU; else one interval's
+    worth if the plan fits it in the whole GPU (an out-of-memory is then a finding, recorded)."""
+    every = MP.load_config("qwen3.5-9b").full_attention_interval
+
+    def need(layers: int) -> float:
         shape = MP.shape_of(model_config(layers, False))
         peak = MP.train_peak(shape, world=1, tokens=tokens, gpu=True, fla=fla)["peak"]
-        if peak + MP.OVERHEAD_GB * MP.GB <= HEADROOM * gpu_bytes:
+        return peak + MP.OVERHEAD_GB * MP.GB
+
+    for layers in range(32 // every * every, 0, -every):
+        if need(layers) <= HEADROOM * gpu_bytes:
             return layers
-    raise SystemExit("gpu_check: not even one Qwen3.5-9B layer fits this GPU under 02's settings")
+    if need(every) <= gpu_bytes:
+        return every
+    raise SystemExit(f"gpu_check: not even {every} Qwen3.5-9B layers (one of each kind) fit this GPU "
+                     "under 02's settings: pass --layers")
 
 
 def sft_batch(tokens: int, vocab: int, packed: bool, gen: torch.Generator) -> dict:
@@ -94,7 +106,7 @@ def run_sft(model, device, tokens: int, steps: int, packed: bool, vocab: int) ->
     step = lambda: sft.train_step(model, opt, sched, [batch], cfg, device, 1)  # noqa: E731
     first = step()  # warm-up; Adam's moments exist from here on, as in every later step
     losses, t0 = [first["loss"]], time.perf_counter()
-    peak = MP.measure_peak(lambda: losses.append(step()["loss"]), device, model, opt)
+    peak, reserved = MP.measure_peaks(lambda: losses.append(step()["loss"]), device, model, opt)
     for _ in range(steps - 2):
         losses.append(step()["loss"])
     if device.type == "cuda":
@@ -105,7 +117,7 @@ def run_sft(model, device, tokens: int, steps: int, packed: bool, vocab: int) ->
             "rows": int(batch["row"].max()) + 1, "packed": packed, "seconds_per_step": dt,
             "tokens_per_s": tokens / dt,
             "mfu": flops * tokens / dt / peak_flops if peak_flops else None, "loss": losses,
-            "peak_gb": peak / MP.GB, "optimizer": opt}
+            "peak_gb": peak / MP.GB, "reserved_peak_gb": reserved / MP.GB, "optimizer": opt}
 
 
 def run_grpo(model, opt, device, tokens: int, vocab: int) -> dict:
@@ -131,11 +143,11 @@ def run_grpo(model, opt, device, tokens: int, vocab: int) -> dict:
         opt.zero_grad(set_to_none=True)
 
     t0 = time.perf_counter()
-    peak = MP.measure_peak(step, device, model, opt)
+    peak, reserved = MP.measure_peaks(step, device, model, opt)
     kept = max(int(C.collate([rows[i] for i in b], 0)["loss_mask"][:, 1:].any(0).sum()) for b in buckets)
     return {"rows": len(rows), "row_tokens": [len(t) for t in rows], "micro_batches": len(buckets),
             "kept": kept, "trained_tokens": n_tok, "seconds": time.perf_counter() - t0,
-            "peak_gb": peak / MP.GB}
+            "peak_gb": peak / MP.GB, "reserved_peak_gb": reserved / MP.GB}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -153,7 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
     tokens02, tokens04 = (512, 512) if args.tiny else (s02.micro_batch_tokens, s04.micro_tokens)
     gpu = device.type == "cuda"
     total = torch.cuda.get_device_properties(device).total_memory if gpu else 0
-    fla = gpu and iu.is_flash_linear_attention_available() and iu.is_causal_conv1d_available()
+    with torch.device("meta"):  # which linear-attention kernels the layers bind (02's own check)
+        probe = AutoModelForCausalLM.from_config(model_config(4, True))
+    fla = gpu and not sft.leaking_kernels(probe)
     layers = args.layers or (4 if args.tiny else deepest_fitting(total, tokens02, fla))
     config = model_config(layers, args.tiny)
     torch.manual_seed(0)
@@ -178,15 +192,16 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"device": torch.cuda.get_device_name(device) if gpu else "cpu", "gpu_gb": total / MP.GB,
            "torch": torch.__version__, "transformers": importlib.import_module("transformers").__version__,
            "attention": model.config._attn_implementation, "missing_kernels": missing,
-           "model": {"layers": layers, "hidden": config.hidden_size, "vocab": config.vocab_size,
-                     "params": shape.params, "tiny": args.tiny},
+           "model": {"layers": layers, "layer_types": list(config.layer_types), "hidden": config.hidden_size,
+                     "vocab": config.vocab_size, "params": shape.params, "tiny": args.tiny},
            "sft": res02, "grpo_train": res04, "seconds": time.perf_counter() - t_start}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_check.json").write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({k: out[k] for k in ("device", "model", "seconds")}))
     for name, r in (("02", res02), ("04", res04)):
         speed = f", {r['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in r else ""
-        print(f"{name}: peak {r.get('peak_gb', float('nan')):.2f} GB, plan {r['plan_peak_gb']:.2f} GB{speed}"
+        print(f"{name}: peak allocated {r.get('peak_gb', float('nan')):.2f} GB, reserved "
+              f"{r.get('reserved_peak_gb', float('nan')):.2f} GB, plan {r['plan_peak_gb']:.2f} GB{speed}"
               f" {r.get('error', '')}")
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,14 +28,86 @@ def plan_json(*flags: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_qwen35_9b_fits_eight_80gb_gpus_and_not_one():
-    out = plan_json("--model", "qwen3.5-9b", "--gpus", "8", "--gpu-gb", "80")
-    assert set(out) == {"sft_peak_gb", "grpo_train_peak_gb", "grpo_rollout_peak_gb", "gpu_gb", "fits"}
-    assert out["fits"] is True and out["gpu_gb"] == 80
-    assert all(0 < out[k] < 80 for k in ("sft_peak_gb", "grpo_train_peak_gb", "grpo_rollout_peak_gb"))
+PEAKS = ("sft_peak_gb", "grpo_train_peak_gb", "grpo_rollout_peak_gb", "push_peak_gb")
+
+
+@pytest.mark.parametrize("gpu_gb", [80, 141])
+def test_qwen35_9b_fits_eight_gpus_with_kv_for_every_slot(gpu_gb):
+    """04's defaults (the README's recipe): every phase fits and each rank's KV cache holds its
+    share of --concurrency at full context."""
+    out = plan_json("--model", "qwen3.5-9b", "--gpus", "8", "--gpu-gb", str(gpu_gb))
+    assert set(out) == {*PEAKS, "kv_contexts_per_rank", "slots_per_rank", "gpu_gb", "fits"}
+    assert out["fits"] is True and out["gpu_gb"] == gpu_gb
+    assert all(0 < out[k] < gpu_gb for k in PEAKS)
+    assert out["slots_per_rank"] == 8 and out["kv_contexts_per_rank"] >= out["slots_per_rank"], out
+
+
+def test_qwen35_9b_does_not_fit_one_gpu():
     # one GPU holds 9B x 16 bytes of fp32 weights, gradients and Adam state: 143 GB before activations
     alone = plan_json("--model", "qwen3.5-9b", "--gpus", "1", "--gpu-gb", "141")
     assert alone["fits"] is False and alone["sft_peak_gb"] > 143
+
+
+def test_too_many_slots_for_the_kv_cache_warn(capsys):
+    out = MP.main(["--model", "qwen3.5-9b", "--gpus", "8", "--gpu-gb", "80", "--concurrency", "256"])
+    assert out["slots_per_rank"] == 32 > out["kv_contexts_per_rank"]
+    assert "WARNING: the KV cache holds" in capsys.readouterr().out
+
+
+def test_gpu_size_defaults_to_the_devices_own_total(monkeypatch):
+    """An H100 reports ~85.0e9 bytes, not the nominal 80 GB: the plan uses what the device says."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    h100 = type("Properties", (), {"total_memory": 85.0e9})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: h100)
+    assert MP.main(["--model", "qwen3.5-9b"])["gpu_gb"] == 85.0
+    assert MP.main(["--model", "qwen3.5-9b", "--gpu-gb", "80"])["gpu_gb"] == 80  # the override stays
+
+
+def test_a_kl_reference_costs_its_shards_and_its_unsharded_root():
+    base, kl = (MP.main(["--model", "qwen3.5-9b", "--gpu-gb", "80", "--kl-beta", b]) for b in ("0", "0.1"))
+    shape = MP.shape_of(MP.load_config("qwen3.5-9b"))
+    extra = (4 * shape.params / 8 + 2 * shape.root) / MP.GB  # fp32 shards + the bf16 root, gathered for good
+    for k in ("grpo_train_peak_gb", "grpo_rollout_peak_gb", "push_peak_gb"):
+        assert kl[k] - base[k] == pytest.approx(extra, abs=0.15), k
+    assert kl["sft_peak_gb"] == base["sft_peak_gb"]
+
+
+def test_norm_fp32_internals_as_measured_in_bf16():
+    """What transformers' Qwen3.5 norms keep for backward when their input is bf16: fp32 copies
+    (NORM_FP32 elements per element of the norm's width), which the plan counts at 4 bytes."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
+
+    def fp32_saved(module, *inputs) -> float:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.dtype == torch.float32 and not isinstance(t, torch.nn.Parameter):
+                seen[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            module(*inputs)
+        return sum(seen.values()) / inputs[0].numel() / 4
+
+    x = lambda: torch.randn(512, 128, dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    assert fp32_saved(Qwen3_5RMSNorm(128).bfloat16(), x()) == pytest.approx(MP.NORM_FP32["rms"], rel=0.05)
+    assert fp32_saved(Qwen3_5RMSNormGated(128).bfloat16(), x(), x()) == pytest.approx(MP.NORM_FP32["gated"],
+                                                                                     rel=0.05)
+
+
+def test_readme_memory_table_is_the_scripts_output():
+    """Each row of the README's memory table, regenerated from the plan."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| ")]
+    rows = {c[0]: c[1:] for c in cells if re.fullmatch(r"\d+ × \d+ GB", c[0])}
+    assert set(rows) == {"8 × 80 GB", "8 × 141 GB", "1 × 141 GB"}, rows
+    for name, cells in rows.items():
+        gpus, gb = name.split(" GB")[0].split(" × ")
+        out = MP.main(["--model", "qwen3.5-9b", "--gpus", gpus, "--gpu-gb", gb])
+        columns = ("sft_peak_gb", "grpo_train_peak_gb", "push_peak_gb", "grpo_rollout_peak_gb")
+        want = [f"{out[k]:.1f}" for k in columns]
+        want += [f"{out['kv_contexts_per_rank']} / {out['slots_per_rank']}", "yes" if out["fits"] else "no"]
+        assert [c.split(" ")[0] for c in cells[:4]] + cells[4:] == want, (name, cells, want)
 
 
 def test_plan_counts_the_parameters_of_a_model_folder(tmp_path):
@@ -113,3 +186,19 @@ def test_gpu_check_cpu_tiny_writes_every_field(tmp_path):
     assert want04 <= set(out["grpo_train"]) and out["grpo_train"]["micro_batches"] == 2
     for part in ("sft", "grpo_train"):
         assert "error" not in out[part] and 0.8 <= out[part]["plan_over_measured"] <= 1.2, out[part]
+        assert out[part]["reserved_peak_gb"] >= out[part]["peak_gb"] > 0, out[part]
+    kinds = out["model"]["layer_types"]
+    assert len(kinds) == out["model"]["layers"] and {"linear_attention", "full_attention"} <= set(kinds)
+
+
+@pytest.mark.parametrize("gpu_gb", [85.0, 150.0])  # what an H100 / H200 report as their total
+@pytest.mark.parametrize("fla", [True, False])
+def test_gpu_check_depth_runs_full_attention_too(gpu_gb, fla):
+    """The automatic depth is a multiple of the full-attention interval: the check always runs
+    both kinds of layer (three linear-attention layers alone say nothing of flash-attn's)."""
+    import gpu_check as GC
+
+    layers = GC.deepest_fitting(gpu_gb * 1e9, 32768, fla)
+    kinds = GC.model_config(layers, False).layer_types
+    assert layers % MP.load_config("qwen3.5-9b").full_attention_interval == 0
+    assert {"linear_attention", "full_attention"} <= set(kinds) and len(kinds) == layers

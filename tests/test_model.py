@@ -1,6 +1,7 @@
 """Agent protocol, token traces/masks, tiny models and the two policy engines."""
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,55 @@ def test_vllm_engine_qwen3_5(tiny):
     g = engine.generate([prompt], common.SamplingConfig(max_tokens=8, seed=0))[0]
     assert len(g.ids) == 8
     assert (torch.tensor(g.logprobs) - reference_logprobs(model, prompt, g.ids)).abs().max() <= 0.1
+
+
+class DeviceRecordingEngine:
+    """EngineQueue's two engine interfaces (one batched generate; add_request + step), answering
+    at once and recording the thread each call runs on."""
+
+    def __init__(self, continuous: bool, events: list):
+        self.continuous, self.events, self.queued = continuous, events, []
+
+    def generate(self, prompts, sampling, seeds=None):
+        self.events.append(("engine", threading.get_ident()))
+        return [common.Generation([1], [0.0], "stop") for _ in prompts]
+
+    def add_request(self, prompt, sampling, seed):
+        self.events.append(("engine", threading.get_ident()))
+        self.queued.append(f"r{len(self.queued)}")
+        return self.queued[-1]
+
+    def step(self):
+        self.events.append(("engine", threading.get_ident()))
+        done, self.queued = self.queued, []
+        return [(rid, common.Generation([1], [0.0], "stop")) for rid in done]
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_engine_thread_serves_on_the_ranks_gpu(monkeypatch, continuous):
+    """CUDA's current device is per thread and a new thread starts on GPU 0: rank 3's engine thread
+    must make GPU 3 current before it steps the engine. CUDA is faked here: set_device records
+    (thread, device), the engine records the thread that steps it."""
+    events: list = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda d: events.append(("set_device", threading.get_ident(), torch.device(d))))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(common, "_RANK_DEVICE", [], raising=False)
+    assert common.init_distributed()[2] == torch.device("cuda", 3)
+    queue = common.EngineQueue(DeviceRecordingEngine(continuous, events), common.SamplingConfig())
+    try:
+        gen, _ = queue.generate([5, 6], None)
+    finally:
+        queue.close()
+    assert gen.ids == [1]
+    first = next(i for i, e in enumerate(events) if e[0] == "engine")
+    thread = events[first][1]
+    assert thread == queue.thread.ident != threading.get_ident()
+    current = [e[2] for e in events[:first] if e[0] == "set_device" and e[1] == thread]
+    assert current and current[-1] == torch.device("cuda", 3), events
+    assert all(e[1] == thread for e in events if e[0] == "engine")
 
 
 _TORCHRUN_ENGINE = """

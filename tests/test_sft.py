@@ -198,11 +198,118 @@ def test_packed_rows_see_only_themselves(models):
         assert torch.allclose(padded[1, :12], alone[7:19], atol=1e-5)
 
 
+def fake_metadata_gpu(monkeypatch) -> None:
+    """A GPU node where pip installed causal-conv1d, flash-linear-attention and flash-attn: their
+    package metadata says so (what transformers' is_*_available() read)."""
+    from transformers.utils import import_utils as iu
+
+    for kernel in ("causal_conv1d", "flash_linear_attention", "flash_attn_2"):
+        monkeypatch.setattr(iu, f"is_{kernel}_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def as_if_sharded(model) -> None:
+    """Each linear-attention layer's class replaced by a subclass made elsewhere, as FSDP2's
+    fully_shard does to the modules it wraps."""
+    for m in model.modules():
+        if getattr(m, "layer_type", None) == "linear_attention":
+            m.__class__ = type(f"FSDP{type(m).__name__}", (type(m),), {})
+
+
+def test_packing_refused_when_the_layers_call_torch_fallbacks_despite_package_metadata(models, monkeypatch):
+    """The kernels failed to import (an ABI mismatch is enough): Qwen3.5's linear-attention layers
+    call transformers' torch references, which ignore cu_seqlens / seq_idx. 02 must not pack, and
+    says which kernel is missing and the two ways out, in one line."""
+    fake_metadata_gpu(monkeypatch)
+    model = C.load_model(models["qwen3_5"])
+    assert sft.packing_supported(model) is False
+    as_if_sharded(model)
+    assert sft.packing_supported(model) is False
+    assert {"causal-conv1d", "flash-linear-attention"} <= set(sft.missing_kernels(model))
+    for batching in ("pack", "auto"):
+        with pytest.raises(C.UserError) as err:
+            sft.choose_packing(batching, model, gpu=True)
+        msg = str(err.value)
+        assert "\n" not in msg and "causal-conv1d" in msg and "flash-linear-attention" in msg, msg
+        assert "pip install" in msg and "--batching pad" in msg, msg
+    assert sft.choose_packing("pad", model, gpu=True) is False
+    assert sft.choose_packing("auto", model, gpu=False) is False  # CPU pads
+
+
+def test_packing_accepted_when_the_layers_call_the_kernels(models, monkeypatch):
+    """The same check sees kernels that did load: transformers' own fallback decorator bound to
+    stand-in packages that import, as causal-conv1d and fla do on a GPU node."""
+    import types
+
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+
+    fake_metadata_gpu(monkeypatch)
+    model = C.load_model(models["qwen3_5"])
+    modeling = sys.modules[type(sft.linear_attention_layer(model)).__module__]
+    for pkg, func, global_name in (("fake_causal_conv1d", "causal_conv1d_fn", "causal_conv1d_fn"),
+                                   ("fake_fla", "chunk_gated_delta_rule", "torch_chunk_gated_delta_rule")):
+        kernel_module = types.ModuleType(pkg)
+        kernel = lambda *a, **k: None  # noqa: E731
+        kernel.__module__ = pkg
+        setattr(kernel_module, func, kernel)
+        monkeypatch.setitem(sys.modules, pkg, kernel_module)
+        torch_reference = getattr(modeling, global_name).__wrapped__
+        loaded = use_kernel_func_from_hub_with_fallback(func, pkg)(torch_reference)
+        monkeypatch.setattr(modeling, global_name, loaded)
+    assert sft.leaking_kernels(model) == [] and sft.packing_supported(model) is True
+    as_if_sharded(model)
+    assert sft.leaking_kernels(model) == [] and sft.choose_packing("pack", model, gpu=True) is True
+    with pytest.raises(C.UserError, match="did not load flash-attn .*--batching pad"):  # sdpa was built
+        sft.choose_packing("auto", model, gpu=True)
+
+
 def test_loss_falls(models, data, tmp_path):
     out = tmp_path / "run"
     run(data, models["qwen3_5"], out, "--max-steps", "20", "--lr", "1e-2", "--activation-checkpointing")
     ls = losses(out)
     assert len(ls) == 20 and sum(ls[-3:]) / 3 < 0.5 * sum(ls[:3]) / 3, ls
+
+
+def test_exported_config_says_the_dtype_its_tensors_have(models, tmp_path):
+    """A model trained in fp32 (FSDP's master weights), exported in bf16: config.json must say
+    bfloat16, as the safetensors hold, and the folder loads back in bf16."""
+    from safetensors import safe_open
+
+    model, tok = C.load_model(models["qwen3_5"]), C.load_tokenizer(models["qwen3_5"])
+    out = C.export_hf(model, tok, tmp_path / "final", dtype=torch.bfloat16)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and config.get("torch_dtype", "bfloat16") == "bfloat16", config
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert next(C.load_model(out, dtype="auto").parameters()).dtype == torch.bfloat16
+    as_trained = json.loads((C.export_hf(model, tok, tmp_path / "fp32") / "config.json").read_text())
+    assert as_trained["dtype"] == "float32"
+
+
+EXPORT_SCRIPT = """
+import os, sys
+import torch
+sys.path.insert(0, os.getcwd())
+import common as C
+rank, world, device = C.init_distributed()
+model = C.load_model_sharded(sys.argv[1], device, world)  # fp32 shards, as trained
+C.export_hf(model, C.load_tokenizer(sys.argv[1]), sys.argv[2], dtype=torch.bfloat16)
+C.teardown_distributed()
+"""
+
+
+def test_sharded_bf16_export_says_bfloat16(models, tmp_path):
+    """The GPU path: FSDP2's fp32 parameters exported in bf16 from 2 ranks; save_pretrained would
+    write the parameters' float32 into config.json."""
+    script = tmp_path / "export.py"
+    script.write_text(EXPORT_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script),
+           str(models["qwen3_5"]), str(tmp_path / "final")]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=300)
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16", config
+    assert {t.dtype for t in load_file(tmp_path / "final" / "model.safetensors").values()} == {torch.bfloat16}
 
 
 def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_path):
