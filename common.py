@@ -261,11 +261,48 @@ def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, 
     return full[len(render_text(tokenizer, anchor, add_generation_prompt=True)):]
 
 
+def _text_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text` as plain text: the tokenizer's own pipeline without its added-token matching, so a
+    `<|im_end|>` or `<tool_call>` string becomes ordinary pieces, never the control token's id."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
+
+
+def _encode_observed(tokenizer: Any, text: str, observed: dict[str, str]) -> list[int]:
+    """Encode a rendered delta whose observation texts stand as placeholders (keys of `observed`):
+    the template's own markup keeps its control tokens, an observation's text is only text. Output
+    without any added-token string tokenises exactly as the whole text always did."""
+    whole = text
+    for key, body in observed.items():
+        whole = whole.replace(key, body)
+    added = tokenizer.get_added_vocab()
+    if (not any(t in body for body in observed.values() for t in added)
+            or any(text.count(key) != 1 for key in observed)):  # a template that rewrites content
+        return _encode(tokenizer, whole)
+    ids: list[int] = []
+    for part in re.split(f"({'|'.join(map(re.escape, observed))})", text):
+        ids += _text_ids(tokenizer, observed[part]) if part in observed else _encode(tokenizer, part)
+    return ids
+
+
 def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
     """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
     that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
-    generation was cut by max_tokens, append the eos token (mask 0) before calling this."""
-    return _encode(tokenizer, _suffix_after(tokenizer, messages, new_messages, gen=True, closed=True))
+    generation was cut by max_tokens, append the eos token (mask 0) before calling this. Command
+    output is text: a `<|im_end|><|im_start|>user` it prints stays characters (see _encode_observed)."""
+    observed: dict[str, str] = {}
+    shown = []
+    for m in new_messages:
+        if m["role"] == "tool" and isinstance(m.get("content"), str):
+            key = f"\x00obs-{uuid.uuid4().hex}\x00"
+            observed[key] = m["content"]
+            m = {**m, "content": key}
+        shown.append(m)
+    text = _suffix_after(tokenizer, messages, shown, gen=True, closed=True)
+    return _encode_observed(tokenizer, text, observed)
 
 
 def assistant_turn_ids(tokenizer: Any, messages: list[dict], message: dict) -> list[int]:
