@@ -206,8 +206,18 @@ class Group:
 
 
 def load_failures(path: str | Path) -> list[C.FailureState]:
-    names = {f.name for f in dataclasses.fields(C.FailureState)}  # stage 03's extra keys are ignored
-    return [C.FailureState(**{k: v for k, v in row.items() if k in names}) for row in C.read_jsonl(path)]
+    """Stage 03's failure records (its extra keys ignored); a row without a field every state needs
+    is a one-line error naming the file and row."""
+    fields = dataclasses.fields(C.FailureState)
+    names = {f.name for f in fields}
+    need = [f.name for f in fields if f.default is dataclasses.MISSING]
+    states = []
+    for i, row in enumerate(C.read_jsonl(path)):
+        missing = [k for k in need if k not in row] if isinstance(row, dict) else need
+        if missing:
+            raise C.DataError(f"{path}: row {i + 1} is not a failure record (no {', '.join(missing)})")
+        states.append(C.FailureState(**{k: v for k, v in row.items() if k in names}))
+    return states
 
 
 def weight(hist: list[float], floor: float, rule: str = "hard") -> float:

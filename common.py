@@ -117,6 +117,8 @@ def tool_call(name: Any, args: Any) -> dict:
             args = json.loads(args)
         except json.JSONDecodeError:
             raise ValueError("tool call arguments are not valid JSON") from None
+        except RecursionError:
+            raise ValueError("tool call arguments are nested too deep") from None
     if name != BASH_TOOL["function"]["name"]:
         raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
     if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
@@ -733,6 +735,11 @@ def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:
     """fn(), or None with the episode ended by an environment error (reward 0; not the agent's fault)."""
     try:
         return fn()
+    except ContainerDied as e:  # the agent's doing: its failure, scored 0 by the verifier
+        ep.end, ep.reward = ep.end or "container_died", 0.0
+        if what == "exec":
+            ep.messages.append({"role": "tool", "content": f"[{e}]"})
+        return None
     except Exception as e:
         ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
         return None
@@ -921,11 +928,34 @@ def parse_config(cls: type, argv: list[str] | None = None) -> Any:
         elif typing.get_origin(tp) is list:
             kw.update(nargs="*", type=typing.get_args(tp)[0])
         else:
-            kw["type"] = tp
+            kw["type"] = _bounded(tp, f.name) if tp in (int, float) else tp
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             kw["required"] = True
         parser.add_argument("--" + f.name.replace("_", "-"), **kw)
     return cls(**vars(parser.parse_args(argv)))
+
+
+# Numeric flags are bounded like task limits: finite, not negative, at most these (a timeout
+# multiplier of 1e9 would overflow every Docker client's read timeout); others at most _FLAG_MOST_ANY.
+_FLAG_MOST = {"timeout_multiplier": 100.0, "command_timeout": 86_400.0, "collective_timeout": 864_000.0,
+              "handoff_timeout": 864_000.0}
+_FLAG_MOST_ANY = 2**31 - 1
+
+
+def _bounded(kind: type, name: str) -> Callable[[str], Any]:
+    """argparse type for numeric flag `name`: a one-line error for inf, nan, negative or huge values."""
+    most = _FLAG_MOST.get(name, _FLAG_MOST_ANY)
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+                                             ) from None
+        if not 0 <= value <= most:  # nan fails both comparisons
+            raise argparse.ArgumentTypeError(f"must be a number in [0, {most:g}], got {text}")
+        return value
+    return convert
 
 
 def dump_config(cfg: Any, out_dir: str | Path) -> None:
@@ -965,6 +995,8 @@ def read_jsonl(path: str | Path, strict: bool = False) -> list[dict]:
             continue
         try:
             rows.append(json.loads(line))
+        except RecursionError:
+            raise DataError(f"{path}:{i + 1}: JSON nested too deep") from None
         except json.JSONDecodeError as e:
             if strict or i != len(lines) - 1:
                 torn = " (a cut-off last line?)" if i == len(lines) - 1 else ""
@@ -1011,7 +1043,12 @@ def load_scaffold(model: str | Path | None, log: Callable[[str], None] = log0, *
     every override that is not None applied and logged."""
     path = Path(model) / "scaffold.json" if model else None
     fields = {f.name for f in dataclasses.fields(Scaffold)}
-    saved = json.loads(path.read_text()) if path and path.is_file() else {}
+    try:
+        saved = json.loads(path.read_text()) if path and path.is_file() else {}
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
+        raise DataError(f"{path}: not a scaffold (a JSON object): {str(e)[:200]}") from None
+    if not isinstance(saved, dict):
+        raise DataError(f"{path}: not a scaffold (a JSON object), got a {type(saved).__name__}")
     s = Scaffold(**{k: v for k, v in saved.items() if k in fields})
     for k, v in overrides.items():
         if v is not None and v != getattr(s, k):
@@ -1109,6 +1146,7 @@ class Task:
 # Upper bounds on task limits: a value past these is a typo or an attack, and a huge one (1e10 s)
 # overflows the Docker client's socket timeout inside the *shared* client, breaking every other task.
 MAX_TIMEOUT_SEC = 86_400.0  # a day; TB2's longest limit is 12,000 s
+MAX_CLIENT_TIMEOUT = 1_000_000.0  # seconds: a Docker client's read timeout never goes past this
 MAX_CPUS = 1024.0  # a guess past any single machine we know of
 MAX_MB = 16 * 1024 * 1024  # 16 TiB of memory or storage: a guess past any single machine
 MAX_PIDS = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
@@ -1155,15 +1193,27 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(f"{path}: not a task folder")
     if not instr_path.is_file():
         raise TaskError(f"{instr_path}: missing (every task needs an instruction)")
-    instruction = instr_path.read_text().strip()
+    try:
+        path.name.encode()
+    except UnicodeEncodeError:
+        raise TaskError(f"{path}: the task folder's name is not valid UTF-8") from None
+    try:
+        instruction = instr_path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{instr_path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not instruction:
         raise TaskError(f"{instr_path}: empty instruction")
     if not toml_path.is_file():
         raise TaskError(f"{toml_path}: missing")
     try:
-        cfg = tomllib.loads(toml_path.read_text())
+        cfg = tomllib.loads(toml_path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{toml_path}: invalid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{toml_path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for sec in _KNOWN:
+        if not isinstance(cfg.get(sec, {}), dict):
+            raise TaskError(f"{toml_path}: {sec} must be a table ([{sec}]), got {cfg[sec]!r}")
     meta, agent = cfg.get("metadata", {}), cfg.get("agent", {})
     verifier, env = cfg.get("verifier", {}), cfg.get("environment", {})
     extra = {k: v for k, v in cfg.items() if k not in _KNOWN and k != "version"}
@@ -1246,6 +1296,11 @@ class EnvError(UserError, RuntimeError):
     """The Docker side failed in a way the user must fix (engine down, build broken, ...)."""
 
 
+class ContainerDied(EnvError):
+    """The container stopped or can't start a process because of what ran inside it (its PID 1
+    OOM-killed, all its pids taken): the agent's failure (reward 0, kept in its group), not `infra:`."""
+
+
 _client = None
 _client_lock = threading.Lock()
 
@@ -1274,6 +1329,7 @@ def ensure_docker_timeout(seconds: float) -> None:
     """Raise every engine client's HTTP read timeout to at least `seconds` (never lower it): a
     command, verifier or build blocks on one read, and TB2 tasks allow up to 12,000 s."""
     docker_client()
+    seconds = min(seconds, MAX_CLIENT_TIMEOUT)  # past ~24 days the socket wait overflows
     with _client_lock:
         for c in [_client, *_host_clients.values()]:
             c.api.timeout = max(c.api.timeout or 0, seconds)
@@ -1554,6 +1610,8 @@ DEFAULT_STORAGE_MB = 10240  # a container's writable-layer cap when task.toml se
 DEFAULT_STORAGE_INODES = 1_000_000  # its files+folders cap without `storage_inodes` (a guess: an npm
 # install makes ~100k; TB2 states no such limit)
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
+EXEC_OUTPUT_CAP = 65536  # bytes the host reads of a harness exec's output (the tool's: max_bytes more)
+START_TIMEOUT = 60.0  # seconds a new container's set-up exec may take
 
 # The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
 # /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
@@ -1570,8 +1628,11 @@ for f in txt json; do p=/logs/verifier/reward.$f
   [ -f $p ] && [ ! -L $p ] && { echo "$3 $f"; head -c 4096 $p; echo; }; done
 echo "$3 out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
 _VERIFY = _VERIFY_STAGE + _VERIFY_RUN
-_KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
-             "while :; do sleep 2147483647 & wait $!; done"
+# PID 1: bash builtins only (no `sleep` from the container), blocked on a pipe it holds both ends
+# of; it reaps orphans on SIGCHLD and never forks again, so a pid-exhausted container keeps it.
+_KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; exec 3<> <(:); " \
+             "while :; do read -r -u 3; done"
+_SETUP = "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"
 
 
 # Trusted verification. The agent is root in its container: it can replace /usr/sbin/python3, drop a
@@ -1748,7 +1809,7 @@ def _parse_reward(out: str, timeout: float, marker: str) -> Verdict:
                 vals = [data["reward"]] if "reward" in data else list(data.values())
                 return Verdict(_reward_value(sum(map(_reward_value, vals)) / len(vals)), None, tail)
             return Verdict(_reward_value(data), None, tail)
-    except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError) as e:
+    except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError, OverflowError) as e:
         return Verdict(0.0, f"unparsable reward file ({str(e)[:200]})", tail)
     if not rc:
         return Verdict(0.0, "verifier gave no exit status (its harness was cut short)", out[-2000:].strip())
@@ -1808,8 +1869,8 @@ class StorageWatch:
             if over and grew:
                 self.trips += 1
                 with suppress(Exception):  # the toolchain's bash: kill(-1) spares init and the killer
-                    self.env.container.exec_run([*self.env._shell(), "-c", "kill -9 -1"],
-                                                environment=self.env._harness_env())
+                    self.env._exec([*self.env._shell(), "-c", "kill -9 -1"], EXEC_GRACE,
+                                   self.env._harness_env())
             self.last = used if over else None
 
 
@@ -1827,6 +1888,7 @@ class Env:
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
                    if "=" in e)
         self.path = env.get("PATH", "/usr/local/sbin:/usr/local/bin:" + _SYS_PATH)  # the image's
+        self.died: str | None = None  # why the container stopped from inside (see _gone)
 
     def __enter__(self) -> Env:
         return self
@@ -1834,14 +1896,30 @@ class Env:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _exec(self, argv: list[str], deadline: float, env: dict | None = None) -> tuple[int, bytes] | None:
-        """exec_run with a host-side deadline (docker-py has none: a hung exec would block for the
-        client's 2-hour read timeout). None = no answer in time; EnvError = the container is gone."""
+    def _exec(self, argv: list[str], deadline: float, env: dict | None = None, cap: int = EXEC_OUTPUT_CAP,
+              user: str = "") -> tuple[int | None, bytes] | None:
+        """One exec with a host-side deadline and a cap on the bytes read of its output (docker-py has
+        neither: a hung exec blocks for the client's 2-hour read timeout, and whatever writes to the
+        exec's stdout -- `/proc/PID/fd/1` of its shell included -- would be read whole into memory).
+        None = no answer in time; (None, first `cap` bytes) = more output than that: reading stopped
+        and the connection closed; ContainerDied / EnvError = the container is gone (see _gone)."""
         box: dict = {}
 
         def run() -> None:
             try:
-                box["r"] = self.container.exec_run(argv, environment={**_EXEC_ENV, **(env or {})})
+                api = self.container.client.api
+                eid = api.exec_create(self.container.id, argv, environment={**_EXEC_ENV, **(env or {})},
+                                      user=user)["Id"]
+                stream, out = api.exec_start(eid, stream=True), bytearray()
+                try:
+                    for chunk in stream:
+                        out += chunk[: cap + 1 - len(out)]
+                        if len(out) > cap:
+                            box["r"] = None, bytes(out[:cap])
+                            return
+                finally:
+                    stream.close()
+                box["r"] = api.exec_inspect(eid)["ExitCode"], bytes(out)
             except Exception as e:  # noqa: BLE001 (re-raised below, in the caller's thread)
                 box["e"] = e
 
@@ -1850,9 +1928,34 @@ class Env:
         th.join(deadline)
         if th.is_alive():
             return None
-        if "e" in box:  # reaped, OOM-killed, engine restarted
-            raise EnvError(f"{self.task.name}: container is gone or unusable: {box['e']}") from None
-        return box["r"].exit_code, box["r"].output
+        if "e" in box:
+            raise self._gone(box["e"]) from None
+        if box["r"][0] == 126 and box["r"][1].startswith(b"OCI runtime exec failed"):  # no process started
+            raise self._gone(RuntimeError(box["r"][1].decode(errors="replace").strip()[:300])) from None
+        return box["r"]
+
+    def _gone(self, e: BaseException) -> EnvError:
+        """Why an exec failed: a container that stopped by itself (PID 1 OOM-killed: any process may
+        raise PID 1's oom_score_adj) or whose pids are all taken is the agent's doing (ContainerDied);
+        one removed (reaped) or an engine that does not answer is the infrastructure's (EnvError)."""
+        with suppress(Exception):
+            for _ in range(10):  # the engine may take a moment to see that PID 1 is gone
+                self.container.reload()
+                state = self.container.attrs.get("State") or {}
+                if not state.get("Running") or self.died:
+                    break
+                time.sleep(0.3)
+            if not state.get("Running") and self.died is None:
+                how = "OOM-killed" if state.get("OOMKilled") else f"exited with {state.get('ExitCode')}"
+                self.died = f"the container stopped from inside (its PID 1 {how})"
+            elif state.get("Running") and self.task.pids_limit:
+                pids = (self.container.stats(stream=False).get("pids_stats") or {}).get("current") or 0
+                if pids >= self.task.pids_limit - 2:
+                    return ContainerDied(f"{self.task.name}: all {self.task.pids_limit} pids of the "
+                                         f"container are taken; no process can start ({e})")
+        if self.died:
+            return ContainerDied(f"{self.task.name}: {self.died}")
+        return EnvError(f"{self.task.name}: container is gone or unusable: {e}")
 
     def bash(self, command: str, timeout: float = 180.0, max_bytes: int = MAX_OUTPUT_BYTES
              ) -> CmdResult:
@@ -1867,7 +1970,12 @@ class Env:
         argv = [*self._shell(), "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
                 str(max_bytes), str(cap_kb), self.path, _INNER, command]
         trips = self.watch.trips if self.watch else 0
-        r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env())
+        r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env(), cap=max_bytes + EXEC_OUTPUT_CAP)
+        if r is not None and r[0] is None:  # written past the capturer, e.g. to /proc/PID/fd/1
+            self._kill(cid)
+            note = f"\n[output past {max_bytes} bytes written around the tool's capture; command killed]\n"
+            return CmdResult(r[1][:max_bytes].decode(errors="replace") + note, 137, False,
+                             time.monotonic() - t0)
         if self.watch and self.watch.trips > trips:
             cap = self.watch.cap
             note = (f"\n[killed: the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} "
@@ -1875,15 +1983,19 @@ class Env:
             out = r[1].decode(errors="replace") if r else ""
             return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
-            with suppress(EnvError):
-                self._exec([*self._shell(), "-c", _KILL + '\nkill_command "$1"', "kill", cid], EXEC_GRACE,
-                           self._harness_env())
+            self._kill(cid)
             return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
                              124, True, time.monotonic() - t0)
         dt = time.monotonic() - t0
         note = "\n[the container's files are past the storage cap: until some are deleted, a file may grow " \
                "by at most 1 MB]\n" if full else ""
         return CmdResult(r[1].decode(errors="replace") + note, r[0], r[0] in (124, 137) and dt >= timeout, dt)
+
+    def _kill(self, cid: str) -> None:
+        """Kill every process of command `cid` (see _KILL)."""
+        with suppress(EnvError):
+            self._exec([*self._shell(), "-c", _KILL + '\nkill_command "$1"', "kill", cid], EXEC_GRACE,
+                       self._harness_env())
 
     def _shell(self) -> list[str]:
         """The harness's bash: the toolchain's, through its own loader, where one is mounted (a
@@ -1938,12 +2050,16 @@ class Env:
         ensure_docker_timeout(timeout + EXEC_GRACE + 60)
         if self.watch:  # the episode is over: what the tests write is not the agent's
             self.watch.stop.set()
+        if self.died:  # the agent stopped its own container: its failure, not the infrastructure's
+            return Verdict(0.0, self.died, "")
         if fresh:
             snap = None
             try:
                 snap = self.snapshot()
                 with start_env(self.task, snap, self.internet, self.host) as env:
                     return env.verify(timeout)
+            except ContainerDied as e:
+                return Verdict(0.0, f"fresh verifier container: {e}", "")
             except Exception as e:
                 return Verdict(0.0, infra_error("fresh verifier container", e), "")
             finally:
@@ -1959,7 +2075,11 @@ class Env:
                            timeout + EXEC_GRACE, self.verifier_env())
             if r is None:  # the container's own tools hung (a planted `timeout`, a frozen filesystem)
                 return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", "")
+            if r[0] is None:  # its stdout written to around test.sh's log
+                return Verdict(0.0, f"verifier output past {EXEC_OUTPUT_CAP} bytes", "")
             return _parse_reward(r[1].decode(errors="replace"), timeout, marker)
+        except ContainerDied as e:
+            return Verdict(0.0, str(e), "")
         except Exception as e:
             return Verdict(0.0, infra_error("verifier failed", e), "")
 
@@ -2009,11 +2129,14 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     tools = toolchain(host) if trusted_verify(task) else None
     if tools:  # read-only: the agent can use these programs but not change them
         storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
-    network = None
+    network, pid1 = None, ["bash", "-c", _KEEPALIVE]
+    if tools:  # PID 1 is the toolchain's bash, never a program of the image (or of the agent, in a fork)
+        pid1 = [f"{TOOLS}/.reterm/ld.so", "--library-path", _TOOLS_LIBS, f"{TOOLS}/bin/bash", "-c",
+                _KEEPALIVE]
     try:
         network = episode_network(host) if net else None
         c = docker_client(host).containers.run(
-            image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
+            image, pid1, detach=True, init=False,  # pid 1 ignores kill -9 from inside
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name, **_OWNER},
             network_mode=network or "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
@@ -2021,11 +2144,22 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     except docker.errors.APIError as e:
         remove_network(network, host)
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
-    # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
-    c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
-               user="root")
     env = Env(c, task, image, net, host, trusted=bool(tools))
     env.network = network
+    # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
+    # A deadline of its own: a fork of a snapshot whose `sh` the agent replaced must fail in a minute.
+    try:
+        shell = env._shell() if tools else ["sh"]
+        r = env._exec([*shell, "-c", _SETUP], START_TIMEOUT, env._harness_env(), user="root")
+    except EnvError:
+        env.close()
+        raise
+    if r is None:
+        env.close()
+        why = f"gave no answer in {START_TIMEOUT:.0f}s"
+        err = ContainerDied if image.startswith("reterm-snap/") else EnvError  # a snapshot: the agent's files
+        raise err(f"{task.name}: the set-up command of a new container from {image} {why}: its shell "
+                  "does not work") from None
     if not quota:  # no real quota from the engine: watch the layer ourselves
         env.watch = StorageWatch(env, task.storage_mb or DEFAULT_STORAGE_MB,
                                  task.storage_inodes or DEFAULT_STORAGE_INODES)
@@ -2143,11 +2277,13 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
         with suppress(Exception):  # already gone
             client.api.remove_container(cid, force=True)
     keep = [] if kept else ["reterm.keep=0"]
-    images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
-    images = [im for im in images
-              if run_id or _stale(im.labels, everything) or im.labels.get("reterm.keep") == "1"]
+    # The low-level list too: the high-level one fetches each image, and one removed meanwhile (a
+    # run's own clean-up) would raise ImageNotFound before the networks below are removed.
+    images = client.api.images(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
+    images = [im["Id"] for im in images if run_id or _stale(im.get("Labels") or {}, everything)
+              or (im.get("Labels") or {}).get("reterm.keep") == "1"]
     for im in images:
-        remove_image(im.id, host)
+        remove_image(im, host)
     for n in client.api.networks(filters={"label": [LABEL, *run]}):  # their containers are gone now
         if run_id or _stale(n.get("Labels") or {}, everything):
             remove_network(n["Id"], host)
@@ -2866,6 +3002,7 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None
     there is no checkpoint. Resume with the same world size that saved it."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
@@ -2875,7 +3012,12 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None
             return None
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as e:  # a torn or foreign .metadata, a missing shard
+        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]  # its last line, not a traceback
+        raise DataError(f"{path}: cannot resume from this checkpoint ({why}); remove it to start over"
+                        ) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return torch.load(path / f"extra_{int(os.environ.get('RANK', 0))}.pt", weights_only=False)
 
