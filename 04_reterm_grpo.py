@@ -119,7 +119,8 @@ class Config:
     # multiplier) plus queueing; 24 h is a guess that covers TB2-length tasks with room to spare
     handoff_timeout: float = 86400.0  # seconds, the row hand-off after rollouts (gloo CPU group)
     save_rows: bool = False  # write each step's training rows to OUT/rows/stepN.pt (tests, debugging)
-    verify_fresh: bool = False  # rewards from a fresh fork of each attempt: no agent process can forge them
+    # rewards from a fresh fork of each attempt, where no agent process runs (--no-verify-fresh: in place)
+    verify_fresh: bool = True  # verify in a fresh fork (one commit + one container start per attempt)
     env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
     save_every: int = 10  # checkpoint every N steps (0: only at the end)
     keep_pool: bool = False  # keep the pool's snapshot images after the last step (to go on later)

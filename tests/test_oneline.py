@@ -119,3 +119,10 @@ def test_reap_survives_images_that_vanish_and_removes_networks(monkeypatch):
         C.remove_image("reterm-snap/reap-race:1")
         with pytest.raises(docker.errors.NotFound):
             client.containers.get(c.id).remove(force=True)
+
+
+def test_rl_rewards_are_verified_in_a_fresh_fork_by_default(tmp_path):
+    base = ["--model", str(tmp_path), "--out", str(tmp_path / "o")]  # no scaffold.json: the default one
+    assert grpo.rollout_settings(C.parse_config(grpo.Config, base))[1].verify_fresh is True
+    off = C.parse_config(grpo.Config, [*base, "--no-verify-fresh"])  # in place: an explicit choice
+    assert grpo.rollout_settings(off)[1].verify_fresh is False
