@@ -1572,7 +1572,8 @@ exit $rc""".replace("@STATE@", _STATE)
 # The inner shell, the agent's side: the command runs in it through eval, so every name it defines
 # is the agent's to see, hence the __rt_ prefix. Arguments: $1 the call's id, $2 the PATH the
 # command runs with, $3 the command ("": read it from the state folder).
-_INNER = r"""__rt_state=@STATE@; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
+_INNER = r"""__rt_state=@STATE@; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD OPENSSL_CONF \
+  OPENSSL_MODULES OPENSSL_ENGINES SSL_CERT_FILE SSL_CERT_DIR GCONV_PATH LOCPATH GIT_CONFIG_NOSYSTEM
 
 # 1. The command: the argument, or the file a long one came in (removed once read).
 if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$__rt_state/cmd.$1); command -p rm -f $__rt_state/cmd.$1; fi
@@ -1613,21 +1614,28 @@ EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before 
 EXEC_OUTPUT_CAP = 65536  # bytes the host reads of a harness exec's output (the tool's: max_bytes more)
 START_TIMEOUT = 60.0  # seconds a new container's set-up exec may take
 
-# The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
-# /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
-# /tests; test.sh runs with the image's environment, PATH with the distribution's directories first,
-# and only regular files (not directories, not symlinks) count as reward files. Control lines carry
-# a random marker made on the host for this call ($3): test output and reward files are data, and
-# whatever they print (`@@txt 1`, `@@prep`) can't pose as the harness's own lines.
+# The verifier, in steps whose answers code under test can neither forge nor read. 1. One exec moves
+# the tests, uploaded to a folder of a random name ($1), to /tests, after /tests and /logs/verifier
+# are emptied and recreated (nothing planted survives); its exit status says whether that worked.
+# 2. One exec runs test.sh with the image's environment (PATH with the distribution's directories
+# first) under a timeout; its output goes to the log, and only its exit status (from the engine,
+# not from a line anyone could print) is read: $1 the timeout program, $2 the seconds, then the
+# shell that interprets test.sh. 3. Every process of the container but PID 1 is killed (_KILL_ALL):
+# nothing the tests or the agent started still runs. 4. The reward files are read through the
+# engine's archive API (no program of the container runs; only regular files count), and the log's
+# tail by one exec. No secret is handed to the container, none is needed.
 _VERIFY_STAGE = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
-mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "$3 prep"; exit 1; }
-"""
-_VERIFY_RUN = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
-echo "$3 rc $?"
-for f in txt json; do p=/logs/verifier/reward.$f
-  [ -f $p ] && [ ! -L $p ] && { echo "$3 $f"; head -c 4096 $p; echo; }; done
-echo "$3 out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
-_VERIFY = _VERIFY_STAGE + _VERIFY_RUN
+mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$1" /tests"""
+_VERIFY_RUN = """t=$1 s=$2; shift 2
+"$t" -k 5 "$s" "$@" /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
+exit $?"""
+_KILL_ALL = r"""for ((i = 0; i < 100; i++)); do
+  kill -9 -1 2>/dev/null; left=0
+  for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+    read -r st </proc/$p/stat 2>/dev/null || continue; st=${st##*) }; [ "${st%% *}" = Z ] || left=1; done
+  [ $left = 0 ] && exit 0; read -t 0.05 <> <(:)
+done; exit 1"""
+_VERIFY_TAIL = "tail -c 2000 /logs/verifier/test-stdout.txt"
 # PID 1: bash builtins only (no `sleep` from the container), blocked on a pipe it holds both ends
 # of; it reaps orphans on SIGCHLD and never forks again, so a pid-exhausted container keeps it.
 _KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; exec 3<> <(:); " \
@@ -1650,6 +1658,15 @@ _SETUP = "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/ver
 # call by an absolute path (/bin/sh of `subprocess(shell=True)`), and anything test.sh downloads.
 TOOLS = "/.reterm-tools"
 _TOOLS_LIBS = f"{TOOLS}/.reterm/lib:{TOOLS}/lib:{TOOLS}/local/lib"
+# Configuration the toolchain's libraries would read from the container (/usr/lib/ssl is a compiled-in
+# path, i.e. the agent's; OpenSSL loads modules and engines its config names): their own instead.
+# git reads no /etc/gitconfig. Locale data and iconv modules come from the toolchain too.
+_TOOLS_CONFIG = {"OPENSSL_CONF": f"{TOOLS}/lib/ssl/openssl.cnf",
+                 "OPENSSL_MODULES": f"{TOOLS}/.reterm/ossl-modules",
+                 "OPENSSL_ENGINES": f"{TOOLS}/.reterm/ossl-modules",
+                 "SSL_CERT_FILE": f"{TOOLS}/lib/ssl/cert.pem",
+                 "SSL_CERT_DIR": f"{TOOLS}/lib/ssl/certs", "GCONV_PATH": f"{TOOLS}/.reterm/gconv",
+                 "LOCPATH": f"{TOOLS}/lib/locale", "GIT_CONFIG_NOSYSTEM": "1"}
 _TOOLCHAIN_DOCKERFILE = f"""FROM {BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends python3 git procps jq sqlite3 bc file \
 ca-certificates && rm -rf /var/lib/apt/lists/*
@@ -1662,10 +1679,43 @@ tools=$1 libs=$2
 own=/usr/.reterm    # the toolchain's own files: the loader, a link to its libraries, the wrappers
 rm -rf $own; mkdir -p $own/bin
 
-# 1. The dynamic loader, copied, and a link to the folder of the libraries it loads.
+# 1. The dynamic loader, copied, and a link to the folder of the libraries it loads. Its compiled-in
+#    search folders become the toolchain's own (/lib/ARCH/, /usr/lib/ARCH/: $tools/L padded with
+#    slashes) or /sys/ (/lib/, /usr/lib/: read-only in every container, nothing to load there), and
+#    /etc/ld.so.cache and /etc/ld.so.preload files under /sys that can't exist: a library the
+#    toolchain lacks (an NSS module named in the agent's /etc/nsswitch.conf) is not found at all.
 loader=$(readlink -f /lib64/ld-linux-x86-64.so.2 || readlink -f /lib/ld-linux-aarch64.so.1)
 cp "$loader" $own/ld.so
-lib=$(dirname "$loader"); ln -s "../${lib#/usr/}" $own/lib
+lib=$(dirname "$loader"); ln -s "../${lib#/usr/}" $own/lib; ln -s "${lib#/usr/}" /usr/L
+python3 - $own/ld.so $tools/L <<'PY'
+import re, sys
+path, short = sys.argv[1], sys.argv[2].encode()
+data = open(path, "rb").read()
+def pad(m):
+    old = m.group(0)
+    if old.startswith(b"/etc/"):
+        return (b"/sys/reterm-none" + b"-" * len(old))[: len(old)]
+    new = short if len(old) > len(short) and b"-linux-gnu" in old else b"/sys"
+    return new + b"/" * (len(old) - len(new))
+dirs = rb"(?<=\0)(?:/usr)?/lib/(?:[a-z0-9_]+-linux-gnu/)?(?=\0)"
+data, n = re.subn(dirs + rb"|/etc/ld\.so\.(?:cache|preload)(?=\0)", pad, data)
+assert n >= 6, n
+open(path, "wb").write(data)
+PY
+
+# 1b. No link leads out of the toolchain: in a task container, /etc/... or /usr/... is the agent's.
+#     Links into /usr become relative; links elsewhere (sitecustomize.py -> /etc/python3.11/...,
+#     /usr/lib/ssl/openssl.cnf -> /etc/ssl/...) are replaced by copies of what they point to.
+find /usr -type l \( -lname '/*' -o -lname '*..*' \) | while IFS= read -r l; do
+  t=$(readlink -f "$l") || t=
+  if [ -z "$t" ] || [ ! -e "$t" ]; then rm -f "$l"; continue; fi
+  case $t in
+    /usr/*) ln -sfn "$(realpath --relative-to="$(dirname "$l")" "$t")" "$l";;
+    *) rm -f "$l"; cp -rL "$t" "$l" 2>/dev/null || true;;
+  esac
+done
+ossl=$(ls -d /usr/lib/*/ossl-modules | head -1); ln -s "../${ossl#/usr/}" $own/ossl-modules
+gconv=$(ls -d /usr/lib/*/gconv | head -1); ln -s "../${gconv#/usr/}" $own/gconv
 
 # 2. The toolchain's Python appends the agent's package folders after its own (a .pth file of
 #    folder names: their own .pth files are not run).
@@ -1784,35 +1834,29 @@ def _reward_value(x: Any) -> float:
     return v
 
 
-def _parse_reward(out: str, timeout: float, marker: str) -> Verdict:
-    """The verifier's answer -> Verdict. Only lines starting with this call's `marker` are control
-    lines. A reward that is not a finite number in [0, 1] is an error of the trial (reward 0, kept
-    in its group): nothing the container writes can put NaN or inf into a GRPO group. Every failure
-    here happened inside the container, so none is `infra:` (no free retry for the agent)."""
-    parts: dict[str, str] = {}
-    for key, body in re.findall(rf"^{re.escape(marker)} (\w+)[ \n]?(.*?)(?=^{re.escape(marker)} |\Z)", out,
-                                re.M | re.S):
-        parts.setdefault(key, body)
-    if "prep" in parts:
-        return Verdict(0.0, "verifier could not put the tests in /tests (the container's filesystem)",
-                       out.split(marker)[0][-2000:].strip())
-    tail = parts.get("out", "").strip()
-    rc = parts.get("rc", "").strip()
-    if rc in ("124", "137"):
+# Go's os.FileMode bits of what is not a regular file: dir, symlink, device, pipe, socket, char device,
+# irregular (the engine's archive API reports modes this way)
+_GO_NOT_REGULAR = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+
+
+def _verdict(rc: int, files: dict[str, str | None], tail: str, timeout: float) -> Verdict:
+    """test.sh's exit status and the reward files' text -> Verdict. A reward that is not a finite
+    number in [0, 1] is an error of the trial (reward 0, kept in its group): nothing the container
+    writes can put NaN or inf into a GRPO group. Every failure here happened inside the container,
+    so none is `infra:` (no free retry for the agent)."""
+    if rc in (124, 137):
         return Verdict(0.0, f"verifier timed out after {timeout:.0f}s", tail)
     try:
-        if "txt" in parts:
-            return Verdict(_reward_value(parts["txt"].strip()), None, tail)
-        if "json" in parts:
-            data = json.loads(parts["json"])
+        if files.get("txt") is not None:
+            return Verdict(_reward_value(files["txt"].strip()), None, tail)
+        if files.get("json") is not None:
+            data = json.loads(files["json"])
             if isinstance(data, dict):
                 vals = [data["reward"]] if "reward" in data else list(data.values())
                 return Verdict(_reward_value(sum(map(_reward_value, vals)) / len(vals)), None, tail)
             return Verdict(_reward_value(data), None, tail)
     except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError, OverflowError) as e:
         return Verdict(0.0, f"unparsable reward file ({str(e)[:200]})", tail)
-    if not rc:
-        return Verdict(0.0, "verifier gave no exit status (its harness was cut short)", out[-2000:].strip())
     return Verdict(0.0, f"no reward file written (test.sh exit {rc})", tail)
 
 
@@ -1869,7 +1913,7 @@ class StorageWatch:
             if over and grew:
                 self.trips += 1
                 with suppress(Exception):  # the toolchain's bash: kill(-1) spares init and the killer
-                    self.env._exec([*self.env._shell(), "-c", "kill -9 -1"], EXEC_GRACE,
+                    self.env._exec([*self.env._vshell(), "-c", "kill -9 -1"], EXEC_GRACE,
                                    self.env._harness_env())
             self.last = used if over else None
 
@@ -1878,9 +1922,10 @@ class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
     def __init__(self, container: Any, task: Task, image: str, internet: bool = False,
-                 host: str | None = None, trusted: bool = False):
+                 host: str | None = None, trusted: bool = False, tools: bool | None = None):
         self.container, self.task, self.image, self.internet = container, task, image, internet
-        self.trusted = trusted  # the toolchain is mounted at TOOLS: the verifier runs on it
+        self.tools = trusted if tools is None else tools  # the toolchain is mounted at TOOLS
+        self.trusted = trusted  # ... and test.sh and the bash tool's harness run on it (trusted_verify)
         self.network: str | None = None  # the container's own network (see episode_network)
         self.watch: StorageWatch | None = None  # started by start_env
         self.host = host  # the engine it runs on (None: the default one)
@@ -2009,7 +2054,8 @@ class Env:
         gets its own PATH back and no LD_LIBRARY_PATH (see _INNER)."""
         if not self.trusted:
             return None
-        return {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": ""}
+        return {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": "",
+                **_TOOLS_CONFIG}
 
     def _put(self, dest: str, data: bytes) -> None:
         buf = io.BytesIO()
@@ -2066,22 +2112,70 @@ class Env:
                 if snap:
                     remove_image(snap)
         try:
-            stage, marker = f"/.reterm-tests-{uuid.uuid4().hex[:16]}", f"@@{uuid.uuid4().hex}"
-            self.upload(self.task.tests_dir, stage)
-            if self.trusted:  # the loader would inject a library listed there into every program
-                with suppress(Exception):  # a folder there: the loader can't read it either
-                    self._put("/etc/ld.so.preload", b"")
-            r = self._exec([*self._shell(), "-c", _VERIFY, "verify", f"{timeout:.0f}", stage, marker],
-                           timeout + EXEC_GRACE, self.verifier_env())
-            if r is None:  # the container's own tools hung (a planted `timeout`, a frozen filesystem)
-                return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", "")
-            if r[0] is None:  # its stdout written to around test.sh's log
-                return Verdict(0.0, f"verifier output past {EXEC_OUTPUT_CAP} bytes", "")
-            return _parse_reward(r[1].decode(errors="replace"), timeout, marker)
+            return self._verify_here(timeout)
         except ContainerDied as e:
             return Verdict(0.0, str(e), "")
         except Exception as e:
             return Verdict(0.0, infra_error("verifier failed", e), "")
+
+    def _verify_here(self, timeout: float) -> Verdict:
+        """The steps of _VERIFY_STAGE's comment, in this container."""
+        stage = f"/.reterm-tests-{uuid.uuid4().hex[:16]}"
+        self.upload(self.task.tests_dir, stage)
+        sh, env = self._vshell(), self.verifier_env()
+        r = self._exec([*sh, "-c", _VERIFY_STAGE, "stage", stage], EXEC_GRACE, env)
+        if r is None or r[0] != 0:  # the container's filesystem (a read-only /tests, a full disk)
+            return Verdict(0.0, "verifier could not put the tests in /tests (the container's filesystem)",
+                           (r[1] if r else b"")[-2000:].decode(errors="replace").strip())
+        timer = f"{TOOLS}/.reterm/bin/timeout" if self.tools else "timeout"
+        r = self._exec([*sh, "-c", _VERIFY_RUN, "verify", timer, f"{timeout:.0f}", *sh],
+                       timeout + EXEC_GRACE, env)
+        own = {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", **_TOOLS_CONFIG} if self.tools else None
+        killed = self._exec([*sh, "-c", _KILL_ALL], EXEC_GRACE, own)
+        tail = self._exec([*sh, "-c", _VERIFY_TAIL], EXEC_GRACE, own)
+        tail_text = tail[1].decode(errors="replace").strip() if tail else ""
+        if killed is None or killed[0] != 0:
+            return Verdict(0.0, "processes in the container outlived the tests (they could not be killed)",
+                           tail_text)
+        if r is None:  # a planted `timeout` that never returns, a frozen filesystem
+            return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", tail_text)
+        if r[0] is None:  # the exec's stdout was written to (its own output goes to the log)
+            return Verdict(0.0, f"verifier output past {EXEC_OUTPUT_CAP} bytes", tail_text)
+        files = {k: self._reward_file(f"/logs/verifier/reward.{k}") for k in ("txt", "json")}
+        return _verdict(r[0], files, tail_text, timeout)
+
+    def _reward_file(self, path: str) -> str | None:
+        """The first 4,096 bytes of a regular file, read through the engine (no program of the
+        container runs); None for anything else (missing, a link, a folder, a FIFO)."""
+        import docker
+
+        try:
+            stream, stat = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        buf = bytearray()
+        try:
+            for chunk in stream:
+                buf += chunk
+                if len(buf) > 65536:  # headers and 4,096 bytes are in there
+                    break
+        finally:
+            with suppress(Exception):
+                stream.close()
+        if stat.get("linkTarget") or (stat.get("mode", 0) & _GO_NOT_REGULAR):
+            return None
+        member_tar = tarfile.open(fileobj=io.BytesIO(bytes(buf)), mode="r|")
+        member = member_tar.next()
+        if member is None or not member.isfile():
+            return None
+        return member_tar.extractfile(member).read(4096).decode(errors="replace")
+
+    def _vshell(self) -> list[str]:
+        """The verifier's own shell (it runs each step and interprets test.sh): the toolchain's
+        wherever one is mounted, pinned images included; without one, the image's `bash`."""
+        if not self.tools:
+            return ["bash"]
+        return [f"{TOOLS}/.reterm/ld.so", "--library-path", _TOOLS_LIBS, f"{TOOLS}/bin/bash"]
 
     def verifier_env(self) -> dict:
         """test.sh's environment: the image's PATH, with the distribution's directories first -- and
@@ -2092,7 +2186,7 @@ class Env:
             return {"PATH": path}
         return {"PATH": f"{TOOLS}/.reterm/bin:{path}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": "",
                 "GIT_EXEC_PATH": f"{TOOLS}/lib/git-core", "PYTHONNOUSERSITE": "1", "PYTHONPATH": "",
-                "PYTHONHOME": "", "PYTHONSTARTUP": ""}
+                "PYTHONHOME": "", "PYTHONSTARTUP": "", **_TOOLS_CONFIG}
 
     def close(self) -> None:
         if self.watch:
@@ -2126,7 +2220,7 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     net = internet and task.allow_internet
     quota = task.storage_mb and _quota_storage(host)
     storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if quota else {}
-    tools = toolchain(host) if trusted_verify(task) else None
+    tools = toolchain(host) if os.environ.get("RETERM_TRUSTED_VERIFY") != "0" else None
     if tools:  # read-only: the agent can use these programs but not change them
         storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
     network, pid1 = None, ["bash", "-c", _KEEPALIVE]
@@ -2144,12 +2238,12 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     except docker.errors.APIError as e:
         remove_network(network, host)
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
-    env = Env(c, task, image, net, host, trusted=bool(tools))
+    env = Env(c, task, image, net, host, trusted=bool(tools) and trusted_verify(task), tools=bool(tools))
     env.network = network
     # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
     # A deadline of its own: a fork of a snapshot whose `sh` the agent replaced must fail in a minute.
     try:
-        shell = env._shell() if tools else ["sh"]
+        shell = env._vshell() if tools else ["sh"]
         r = env._exec([*shell, "-c", _SETUP], START_TIMEOUT, env._harness_env(), user="root")
     except EnvError:
         env.close()

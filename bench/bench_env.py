@@ -50,20 +50,7 @@ def cpu_per_call(fn, n: int) -> float:
 
 OPS = {"start": "start + remove a container", "command": "one bash command (ls)",
        "verify": "verify (tests uploaded, test.sh run)",
-       "verify_fresh": "verify in a fresh fork (04's default)", "snapshot": "snapshot + remove it",
-       "verify_2x": "  the same in two execs (before)"}
-# how verify() ran before it became one exec: an exec that empties /tests and /logs/verifier, the
-# upload straight to /tests, an exec that runs test.sh (the baseline of the "verify_2x" line)
-_PREP = ("rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs; "
-         "mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier")
-
-
-def verify_two_execs(env: C.Env) -> None:
-    env._exec(["bash", "-c", _PREP], C.EXEC_GRACE)
-    env.upload(env.task.tests_dir, "/tests")
-    env._exec(["bash", "-c", C._VERIFY_RUN, "verify", "60"], 60 + C.EXEC_GRACE, env.verifier_env())
-
-
+       "verify_fresh": "verify in a fresh fork (04's default)", "snapshot": "snapshot + remove it"}
 def op_costs(task: C.Task, n: int) -> dict[str, float]:
     """Machine CPU seconds per operation (OPS), each measured on its own."""
     with C.start_env(task) as env:
@@ -71,7 +58,6 @@ def op_costs(task: C.Task, n: int) -> dict[str, float]:
                 "command": cpu_per_call(lambda: env.bash("ls /"), 4 * n),
                 "verify": cpu_per_call(env.verify, n),
                 "verify_fresh": cpu_per_call(lambda: env.verify(fresh=True), n),
-                "verify_2x": cpu_per_call(lambda: verify_two_execs(env), n),
                 "snapshot": cpu_per_call(lambda: C.remove_image(env.snapshot()), n)}
 
 

@@ -114,8 +114,14 @@ def test_verify_rewards_and_errors(make_task):
     with C.start_env(t) as e:
         assert e.verify() == C.Verdict(0.5, None, "")
     # staged tests that cannot become /tests: the container's state, so the trial's error, not infra
-    v = C._parse_reward("mv: cannot move '/.reterm-tests-1' to '/tests'\n@@m prep\n", 10.0, "@@m")
-    assert v.reward == 0.0 and not C.is_infra_error(v.error) and "cannot move" in v.output
+    with C.start_env(t) as e:
+        e.bash("mkdir -p /tests/x")  # a folder mv -T can't replace, once the stage no longer empties /tests
+        C._VERIFY_STAGE, stage = C._VERIFY_STAGE.replace("rm -rf /tests ", "rm -rf "), C._VERIFY_STAGE
+        try:
+            v = e.verify()
+        finally:
+            C._VERIFY_STAGE = stage
+    assert v.reward == 0.0 and not C.is_infra_error(v.error) and "could not put the tests" in v.error, v
 
 
 def test_eval_oracle_null_and_resume(make_task, tmp_path):
