@@ -115,10 +115,8 @@ def tool_call(name: Any, args: Any) -> dict:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
-            raise ValueError("tool call arguments are not valid JSON") from None
-        except RecursionError:
-            raise ValueError("tool call arguments are nested too deep") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"tool call arguments are not valid JSON ({str(e)[:60]})") from None
     if name != BASH_TOOL["function"]["name"]:
         raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
     if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
@@ -263,48 +261,16 @@ def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, 
     return full[len(render_text(tokenizer, anchor, add_generation_prompt=True)):]
 
 
-def _text_ids(tokenizer: Any, text: str) -> list[int]:
-    """`text` as plain text: the tokenizer's own pipeline without its added-token matching, so a
-    `<|im_end|>` or `<tool_call>` string becomes ordinary pieces, never the control token's id."""
-    backend = tokenizer.backend_tokenizer
-    if backend.normalizer is not None:
-        text = backend.normalizer.normalize_str(text)
-    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
-    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
-
-
-def _encode_observed(tokenizer: Any, text: str, observed: dict[str, str]) -> list[int]:
-    """Encode a rendered delta whose observation texts stand as placeholders (keys of `observed`):
-    the template's own markup keeps its control tokens, an observation's text is only text. Output
-    without any added-token string tokenises exactly as the whole text always did."""
-    whole = text
-    for key, body in observed.items():
-        whole = whole.replace(key, body)
-    added = tokenizer.get_added_vocab()
-    if (not any(t in body for body in observed.values() for t in added)
-            or any(text.count(key) != 1 for key in observed)):  # a template that rewrites content
-        return _encode(tokenizer, whole)
-    ids: list[int] = []
-    for part in re.split(f"({'|'.join(map(re.escape, observed))})", text):
-        ids += _text_ids(tokenizer, observed[part]) if part in observed else _encode(tokenizer, part)
-    return ids
-
-
 def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
     """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
     that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
     generation was cut by max_tokens, append the eos token (mask 0) before calling this. Command
     output is text: a `<|im_end|><|im_start|>user` it prints stays characters (see _encode_observed)."""
-    observed: dict[str, str] = {}
-    shown = []
-    for m in new_messages:
-        if m["role"] == "tool" and isinstance(m.get("content"), str):
-            key = f"\x00obs-{uuid.uuid4().hex}\x00"
-            observed[key] = m["content"]
-            m = {**m, "content": key}
-        shown.append(m)
-    text = _suffix_after(tokenizer, messages, shown, gen=True, closed=True)
-    return _encode_observed(tokenizer, text, observed)
+    obs = lambda m: m["role"] == "tool" and isinstance(m.get("content"), str)
+    observed = {f"\x00obs-{uuid.uuid4().hex}\x00": m["content"] for m in new_messages if obs(m)}
+    keys = iter(observed)  # each observation's text stands as a placeholder while the template renders
+    shown = [{**m, "content": next(keys)} if obs(m) else m for m in new_messages]
+    return _encode_observed(tokenizer, _suffix_after(tokenizer, messages, shown, True, True), observed)
 
 
 def assistant_turn_ids(tokenizer: Any, messages: list[dict], message: dict) -> list[int]:
@@ -737,8 +703,7 @@ def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except ContainerDied as e:  # the agent's doing: its failure, scored 0 by the verifier
         ep.end, ep.reward = ep.end or "container_died", 0.0
-        if what == "exec":
-            ep.messages.append({"role": "tool", "content": f"[{e}]"})
+        ep.messages += [{"role": "tool", "content": f"[{e}]"}] if what == "exec" else []
         return None
     except Exception as e:
         ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
@@ -2623,6 +2588,33 @@ def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
         if local:
             raise
         raise FileNotFoundError(f"{missing} (hub: {str(e).splitlines()[0]})") from None
+
+
+def _text_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text` as plain text: the tokenizer's own pipeline without its added-token matching, so a
+    `<|im_end|>` or `<tool_call>` string becomes ordinary pieces, never the control token's id."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
+
+
+def _encode_observed(tokenizer: Any, text: str, observed: dict[str, str]) -> list[int]:
+    """Encode a rendered delta whose observation texts stand as placeholders (keys of `observed`):
+    the template's own markup keeps its control tokens, an observation's text is only text. Output
+    without any added-token string tokenises exactly as the whole text always did."""
+    whole = text
+    for key, body in observed.items():
+        whole = whole.replace(key, body)
+    added = tokenizer.get_added_vocab()
+    if (not any(t in body for body in observed.values() for t in added)
+            or any(text.count(key) != 1 for key in observed)):  # a template that rewrites content
+        return _encode(tokenizer, whole)
+    ids: list[int] = []
+    for part in re.split(f"({'|'.join(map(re.escape, observed))})", text):
+        ids += _text_ids(tokenizer, observed[part]) if part in observed else _encode(tokenizer, part)
+    return ids
 
 
 def load_tokenizer(path: str | Path) -> Any:

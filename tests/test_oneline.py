@@ -56,7 +56,7 @@ def test_sft_data_nested_too_deep(tmp_path):
            "train_from_message_index": 1}
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(C.DataError, match=r"rows.jsonl:1.*nested too deep"):
+    with pytest.raises(C.DataError, match=r"rows.jsonl:1.*not valid JSON \(maximum recursion depth"):
         sft.load_rows(str(path), False)
     path.write_text(json.dumps({"messages": []}) + "\n" + deep + "\n" + json.dumps({"messages": []}) + "\n")
     with pytest.raises(C.DataError, match=r"rows.jsonl:2: JSON nested too deep"):
