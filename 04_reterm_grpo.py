@@ -120,7 +120,8 @@ class Config:
     # multiplier) plus queueing; 24 h is a guess that covers TB2-length tasks with room to spare
     handoff_timeout: float = 86400.0  # seconds, the row hand-off after rollouts (gloo CPU group)
     save_rows: bool = False  # write each step's training rows to OUT/rows/stepN.pt (tests, debugging)
-    verify_fresh: bool = False  # rewards from a fresh fork of each attempt: no agent process can forge them
+    # rewards from a fresh fork of each attempt, where no agent process runs (--no-verify-fresh: in place)
+    verify_fresh: bool = True  # verify in a fresh fork (one commit + one container start per attempt)
     env_step_budget: int = 0  # stop once this many environment steps were spent (0 = no limit)
     save_every: int = 10  # checkpoint every N steps (0: only at the end)
     keep_pool: bool = False  # keep the pool's snapshot images after the last step (to go on later)
@@ -207,8 +208,18 @@ class Group:
 
 
 def load_failures(path: str | Path) -> list[C.FailureState]:
-    names = {f.name for f in dataclasses.fields(C.FailureState)}  # stage 03's extra keys are ignored
-    return [C.FailureState(**{k: v for k, v in row.items() if k in names}) for row in C.read_jsonl(path)]
+    """Stage 03's failure records (its extra keys ignored); a row without a field every state needs
+    is a one-line error naming the file and row."""
+    fields = dataclasses.fields(C.FailureState)
+    names = {f.name for f in fields}
+    need = [f.name for f in fields if f.default is dataclasses.MISSING]
+    states = []
+    for i, row in enumerate(C.read_jsonl(path)):
+        missing = [k for k in need if k not in row] if isinstance(row, dict) else need
+        if missing:
+            raise C.DataError(f"{path}: row {i + 1} is not a failure record (no {', '.join(missing)})")
+        states.append(C.FailureState(**{k: v for k, v in row.items() if k in names}))
+    return states
 
 
 def weight(hist: list[float], floor: float, rule: str = "hard") -> float:

@@ -115,8 +115,8 @@ def tool_call(name: Any, args: Any) -> dict:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
-            raise ValueError("tool call arguments are not valid JSON") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"tool call arguments are not valid JSON ({str(e)[:60]})") from None
     if name != BASH_TOOL["function"]["name"]:
         raise ValueError(f"unknown tool {name!r}: the only tool is 'bash'")
     if not isinstance(args, dict) or not isinstance(args.get("command"), str) or not args["command"].strip():
@@ -264,8 +264,13 @@ def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, 
 def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
     """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
     that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
-    generation was cut by max_tokens, append the eos token (mask 0) before calling this."""
-    return _encode(tokenizer, _suffix_after(tokenizer, messages, new_messages, gen=True, closed=True))
+    generation was cut by max_tokens, append the eos token (mask 0) before calling this. Command
+    output is text: a `<|im_end|><|im_start|>user` it prints stays characters (see _encode_observed)."""
+    obs = lambda m: m["role"] == "tool" and isinstance(m.get("content"), str)
+    observed = {f"\x00obs-{uuid.uuid4().hex}\x00": m["content"] for m in new_messages if obs(m)}
+    keys = iter(observed)  # each observation's text stands as a placeholder while the template renders
+    shown = [{**m, "content": next(keys)} if obs(m) else m for m in new_messages]
+    return _encode_observed(tokenizer, _suffix_after(tokenizer, messages, shown, True, True), observed)
 
 
 def assistant_turn_ids(tokenizer: Any, messages: list[dict], message: dict) -> list[int]:
@@ -698,6 +703,10 @@ def _guard(ep: Episode, what: str, fn: Callable[[], Any]) -> Any:
     """fn(), or None with the episode ended by an environment error (reward 0; not the agent's fault)."""
     try:
         return fn()
+    except ContainerDied as e:  # the agent's doing: its failure, scored 0 by the verifier
+        ep.end, ep.reward = ep.end or "container_died", 0.0
+        ep.messages += [{"role": "tool", "content": f"[{e}]"}] if what == "exec" else []
+        return None
     except Exception as e:
         ep.error, ep.end, ep.reward = infra_error(what, e), ep.end or "error", 0.0
         return None
@@ -886,11 +895,34 @@ def parse_config(cls: type, argv: list[str] | None = None) -> Any:
         elif typing.get_origin(tp) is list:
             kw.update(nargs="*", type=typing.get_args(tp)[0])
         else:
-            kw["type"] = tp
+            kw["type"] = _bounded(tp, f.name) if tp in (int, float) else tp
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             kw["required"] = True
         parser.add_argument("--" + f.name.replace("_", "-"), **kw)
     return cls(**vars(parser.parse_args(argv)))
+
+
+# Numeric flags are bounded like task limits: finite, not negative, at most these (a timeout
+# multiplier of 1e9 would overflow every Docker client's read timeout); others at most _FLAG_MOST_ANY.
+_FLAG_MOST = {"timeout_multiplier": 100.0, "command_timeout": 86_400.0, "collective_timeout": 864_000.0,
+              "handoff_timeout": 864_000.0}
+_FLAG_MOST_ANY = 2**31 - 1
+
+
+def _bounded(kind: type, name: str) -> Callable[[str], Any]:
+    """argparse type for numeric flag `name`: a one-line error for inf, nan, negative or huge values."""
+    most = _FLAG_MOST.get(name, _FLAG_MOST_ANY)
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+                                             ) from None
+        if not 0 <= value <= most:  # nan fails both comparisons
+            raise argparse.ArgumentTypeError(f"must be a number in [0, {most:g}], got {text}")
+        return value
+    return convert
 
 
 def dump_config(cfg: Any, out_dir: str | Path) -> None:
@@ -930,6 +962,8 @@ def read_jsonl(path: str | Path, strict: bool = False) -> list[dict]:
             continue
         try:
             rows.append(json.loads(line))
+        except RecursionError:
+            raise DataError(f"{path}:{i + 1}: JSON nested too deep") from None
         except json.JSONDecodeError as e:
             if strict or i != len(lines) - 1:
                 torn = " (a cut-off last line?)" if i == len(lines) - 1 else ""
@@ -1018,7 +1052,12 @@ def load_scaffold(model: str | Path | None, log: Callable[[str], None] = log0, *
     every override that is not None applied and logged."""
     path = Path(model) / "scaffold.json" if model else None
     fields = {f.name for f in dataclasses.fields(Scaffold)}
-    saved = json.loads(path.read_text()) if path and path.is_file() else {}
+    try:
+        saved = json.loads(path.read_text()) if path and path.is_file() else {}
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
+        raise DataError(f"{path}: not a scaffold (a JSON object): {str(e)[:200]}") from None
+    if not isinstance(saved, dict):
+        raise DataError(f"{path}: not a scaffold (a JSON object), got a {type(saved).__name__}")
     s = Scaffold(**{k: v for k, v in saved.items() if k in fields})
     for k, v in overrides.items():
         if v is not None and v != getattr(s, k):
@@ -1116,6 +1155,7 @@ class Task:
 # Upper bounds on task limits: a value past these is a typo or an attack, and a huge one (1e10 s)
 # overflows the Docker client's socket timeout inside the *shared* client, breaking every other task.
 MAX_TIMEOUT_SEC = 86_400.0  # a day; TB2's longest limit is 12,000 s
+MAX_CLIENT_TIMEOUT = 1_000_000.0  # seconds: a Docker client's read timeout never goes past this
 MAX_CPUS = 1024.0  # a guess past any single machine we know of
 MAX_MB = 16 * 1024 * 1024  # 16 TiB of memory or storage: a guess past any single machine
 MAX_PIDS = 4_194_304  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
@@ -1162,15 +1202,27 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(f"{path}: not a task folder")
     if not instr_path.is_file():
         raise TaskError(f"{instr_path}: missing (every task needs an instruction)")
-    instruction = instr_path.read_text().strip()
+    try:
+        path.name.encode()
+    except UnicodeEncodeError:
+        raise TaskError(f"{path}: the task folder's name is not valid UTF-8") from None
+    try:
+        instruction = instr_path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{instr_path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not instruction:
         raise TaskError(f"{instr_path}: empty instruction")
     if not toml_path.is_file():
         raise TaskError(f"{toml_path}: missing")
     try:
-        cfg = tomllib.loads(toml_path.read_text())
+        cfg = tomllib.loads(toml_path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{toml_path}: invalid TOML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{toml_path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for sec in _KNOWN:
+        if not isinstance(cfg.get(sec, {}), dict):
+            raise TaskError(f"{toml_path}: {sec} must be a table ([{sec}]), got {cfg[sec]!r}")
     meta, agent = cfg.get("metadata", {}), cfg.get("agent", {})
     verifier, env = cfg.get("verifier", {}), cfg.get("environment", {})
     extra = {k: v for k, v in cfg.items() if k not in _KNOWN and k != "version"}
@@ -1253,6 +1305,11 @@ class EnvError(UserError, RuntimeError):
     """The Docker side failed in a way the user must fix (engine down, build broken, ...)."""
 
 
+class ContainerDied(EnvError):
+    """The container stopped or can't start a process because of what ran inside it (its PID 1
+    OOM-killed, all its pids taken): the agent's failure (reward 0, kept in its group), not `infra:`."""
+
+
 _client = None
 _client_lock = threading.Lock()
 
@@ -1281,6 +1338,7 @@ def ensure_docker_timeout(seconds: float) -> None:
     """Raise every engine client's HTTP read timeout to at least `seconds` (never lower it): a
     command, verifier or build blocks on one read, and TB2 tasks allow up to 12,000 s."""
     docker_client()
+    seconds = min(seconds, MAX_CLIENT_TIMEOUT)  # past ~24 days the socket wait overflows
     with _client_lock:
         for c in [_client, *_host_clients.values()]:
             c.api.timeout = max(c.api.timeout or 0, seconds)
@@ -1523,7 +1581,8 @@ exit $rc""".replace("@STATE@", _STATE)
 # The inner shell, the agent's side: the command runs in it through eval, so every name it defines
 # is the agent's to see, hence the __rt_ prefix. Arguments: $1 the call's id, $2 the PATH the
 # command runs with, $3 the command ("": read it from the state folder).
-_INNER = r"""__rt_state=@STATE@; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD
+_INNER = r"""__rt_state=@STATE@; PATH=$2; __rt_id=$1; unset LD_LIBRARY_PATH LD_PRELOAD OPENSSL_CONF \
+  OPENSSL_MODULES OPENSSL_ENGINES SSL_CERT_FILE SSL_CERT_DIR GCONV_PATH LOCPATH GIT_CONFIG_NOSYSTEM
 
 # 1. The command: the argument, or the file a long one came in (removed once read).
 if [ -n "$3" ]; then __rt_c=$3; else __rt_c=$(<$__rt_state/cmd.$1); command -p rm -f $__rt_state/cmd.$1; fi
@@ -1561,24 +1620,36 @@ DEFAULT_STORAGE_MB = 10240  # a container's writable-layer cap when task.toml se
 DEFAULT_STORAGE_INODES = 1_000_000  # its files+folders cap without `storage_inodes` (a guess: an npm
 # install makes ~100k; TB2 states no such limit)
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
+EXEC_OUTPUT_CAP = 65536  # bytes the host reads of a harness exec's output (the tool's: max_bytes more)
+START_TIMEOUT = 60.0  # seconds a new container's set-up exec may take
 
-# The verifier, in one exec: the tests arrive in a staging folder of a random name ($2), then /tests and
-# /logs/verifier are emptied and recreated (nothing planted survives) and the staged tests become
-# /tests; test.sh runs with the image's environment, PATH with the distribution's directories first,
-# and only regular files (not directories, not symlinks) count as reward files. Control lines carry
-# a random marker made on the host for this call ($3): test output and reward files are data, and
-# whatever they print (`@@txt 1`, `@@prep`) can't pose as the harness's own lines.
+# The verifier, in steps whose answers code under test can neither forge nor read. 1. One exec moves
+# the tests, uploaded to a folder of a random name ($1), to /tests, after /tests and /logs/verifier
+# are emptied and recreated (nothing planted survives); its exit status says whether that worked.
+# 2. One exec runs test.sh with the image's environment (PATH with the distribution's directories
+# first) under a timeout; its output goes to the log, and only its exit status (from the engine,
+# not from a line anyone could print) is read: $1 the timeout program, $2 the seconds, then the
+# shell that interprets test.sh. 3. Every process of the container but PID 1 is killed (_KILL_ALL):
+# nothing the tests or the agent started still runs. 4. The reward files are read through the
+# engine's archive API (no program of the container runs; only regular files count), and the log's
+# tail by one exec. No secret is handed to the container, none is needed.
 _VERIFY_STAGE = """rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs
-mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$2" /tests || { echo "$3 prep"; exit 1; }
-"""
-_VERIFY_RUN = """timeout -k 5 "$1" bash /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
-echo "$3 rc $?"
-for f in txt json; do p=/logs/verifier/reward.$f
-  [ -f $p ] && [ ! -L $p ] && { echo "$3 $f"; head -c 4096 $p; echo; }; done
-echo "$3 out"; tail -c 2000 /logs/verifier/test-stdout.txt"""
-_VERIFY = _VERIFY_STAGE + _VERIFY_RUN
-_KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
-             "while :; do sleep 2147483647 & wait $!; done"
+mkdir -p /logs/verifier && chmod 777 /logs/verifier && mv -T "$1" /tests"""
+_VERIFY_RUN = """t=$1 s=$2; shift 2
+"$t" -k 5 "$s" "$@" /tests/test.sh >/logs/verifier/test-stdout.txt 2>&1 </dev/null
+exit $?"""
+_KILL_ALL = r"""for ((i = 0; i < 100; i++)); do
+  kill -9 -1 2>/dev/null; left=0
+  for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue
+    read -r st </proc/$p/stat 2>/dev/null || continue; st=${st##*) }; [ "${st%% *}" = Z ] || left=1; done
+  [ $left = 0 ] && exit 0; read -t 0.05 <> <(:)
+done; exit 1"""
+_VERIFY_TAIL = "tail -c 2000 /logs/verifier/test-stdout.txt"
+# PID 1: bash builtins only (no `sleep` from the container), blocked on a pipe it holds both ends
+# of; it reaps orphans on SIGCHLD and never forks again, so a pid-exhausted container keeps it.
+_KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; exec 3<> <(:); " \
+             "while :; do read -r -u 3; done"
+_SETUP = "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"
 
 
 # Trusted verification. The agent is root in its container: it can replace /usr/sbin/python3, drop a
@@ -1596,6 +1667,15 @@ _KEEPALIVE = f"PATH={_SYS_PATH}; trap '' TERM INT HUP QUIT USR1 USR2 PIPE; " \
 # call by an absolute path (/bin/sh of `subprocess(shell=True)`), and anything test.sh downloads.
 TOOLS = "/.reterm-tools"
 _TOOLS_LIBS = f"{TOOLS}/.reterm/lib:{TOOLS}/lib:{TOOLS}/local/lib"
+# Configuration the toolchain's libraries would read from the container (/usr/lib/ssl is a compiled-in
+# path, i.e. the agent's; OpenSSL loads modules and engines its config names): their own instead.
+# git reads no /etc/gitconfig. Locale data and iconv modules come from the toolchain too.
+_TOOLS_CONFIG = {"OPENSSL_CONF": f"{TOOLS}/lib/ssl/openssl.cnf",
+                 "OPENSSL_MODULES": f"{TOOLS}/.reterm/ossl-modules",
+                 "OPENSSL_ENGINES": f"{TOOLS}/.reterm/ossl-modules",
+                 "SSL_CERT_FILE": f"{TOOLS}/lib/ssl/cert.pem",
+                 "SSL_CERT_DIR": f"{TOOLS}/lib/ssl/certs", "GCONV_PATH": f"{TOOLS}/.reterm/gconv",
+                 "LOCPATH": f"{TOOLS}/lib/locale", "GIT_CONFIG_NOSYSTEM": "1"}
 _TOOLCHAIN_DOCKERFILE = f"""FROM {BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends python3 git procps jq sqlite3 bc file \
 ca-certificates && rm -rf /var/lib/apt/lists/*
@@ -1608,10 +1688,43 @@ tools=$1 libs=$2
 own=/usr/.reterm    # the toolchain's own files: the loader, a link to its libraries, the wrappers
 rm -rf $own; mkdir -p $own/bin
 
-# 1. The dynamic loader, copied, and a link to the folder of the libraries it loads.
+# 1. The dynamic loader, copied, and a link to the folder of the libraries it loads. Its compiled-in
+#    search folders become the toolchain's own (/lib/ARCH/, /usr/lib/ARCH/: $tools/L padded with
+#    slashes) or /sys/ (/lib/, /usr/lib/: read-only in every container, nothing to load there), and
+#    /etc/ld.so.cache and /etc/ld.so.preload files under /sys that can't exist: a library the
+#    toolchain lacks (an NSS module named in the agent's /etc/nsswitch.conf) is not found at all.
 loader=$(readlink -f /lib64/ld-linux-x86-64.so.2 || readlink -f /lib/ld-linux-aarch64.so.1)
 cp "$loader" $own/ld.so
-lib=$(dirname "$loader"); ln -s "../${lib#/usr/}" $own/lib
+lib=$(dirname "$loader"); ln -s "../${lib#/usr/}" $own/lib; ln -s "${lib#/usr/}" /usr/L
+python3 - $own/ld.so $tools/L <<'PY'
+import re, sys
+path, short = sys.argv[1], sys.argv[2].encode()
+data = open(path, "rb").read()
+def pad(m):
+    old = m.group(0)
+    if old.startswith(b"/etc/"):
+        return (b"/sys/reterm-none" + b"-" * len(old))[: len(old)]
+    new = short if len(old) > len(short) and b"-linux-gnu" in old else b"/sys"
+    return new + b"/" * (len(old) - len(new))
+dirs = rb"(?<=\0)(?:/usr)?/lib/(?:[a-z0-9_]+-linux-gnu/)?(?=\0)"
+data, n = re.subn(dirs + rb"|/etc/ld\.so\.(?:cache|preload)(?=\0)", pad, data)
+assert n >= 6, n
+open(path, "wb").write(data)
+PY
+
+# 1b. No link leads out of the toolchain: in a task container, /etc/... or /usr/... is the agent's.
+#     Links into /usr become relative; links elsewhere (sitecustomize.py -> /etc/python3.11/...,
+#     /usr/lib/ssl/openssl.cnf -> /etc/ssl/...) are replaced by copies of what they point to.
+find /usr -type l \( -lname '/*' -o -lname '*..*' \) | while IFS= read -r l; do
+  t=$(readlink -f "$l") || t=
+  if [ -z "$t" ] || [ ! -e "$t" ]; then rm -f "$l"; continue; fi
+  case $t in
+    /usr/*) ln -sfn "$(realpath --relative-to="$(dirname "$l")" "$t")" "$l";;
+    *) rm -f "$l"; cp -rL "$t" "$l" 2>/dev/null || true;;
+  esac
+done
+ossl=$(ls -d /usr/lib/*/ossl-modules | head -1); ln -s "../${ossl#/usr/}" $own/ossl-modules
+gconv=$(ls -d /usr/lib/*/gconv | head -1); ln -s "../${gconv#/usr/}" $own/gconv
 
 # 2. The toolchain's Python appends the agent's package folders after its own (a .pth file of
 #    folder names: their own .pth files are not run).
@@ -1730,35 +1843,29 @@ def _reward_value(x: Any) -> float:
     return v
 
 
-def _parse_reward(out: str, timeout: float, marker: str) -> Verdict:
-    """The verifier's answer -> Verdict. Only lines starting with this call's `marker` are control
-    lines. A reward that is not a finite number in [0, 1] is an error of the trial (reward 0, kept
-    in its group): nothing the container writes can put NaN or inf into a GRPO group. Every failure
-    here happened inside the container, so none is `infra:` (no free retry for the agent)."""
-    parts: dict[str, str] = {}
-    for key, body in re.findall(rf"^{re.escape(marker)} (\w+)[ \n]?(.*?)(?=^{re.escape(marker)} |\Z)", out,
-                                re.M | re.S):
-        parts.setdefault(key, body)
-    if "prep" in parts:
-        return Verdict(0.0, "verifier could not put the tests in /tests (the container's filesystem)",
-                       out.split(marker)[0][-2000:].strip())
-    tail = parts.get("out", "").strip()
-    rc = parts.get("rc", "").strip()
-    if rc in ("124", "137"):
+# Go's os.FileMode bits of what is not a regular file: dir, symlink, device, pipe, socket, char device,
+# irregular (the engine's archive API reports modes this way)
+_GO_NOT_REGULAR = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+
+
+def _verdict(rc: int, files: dict[str, str | None], tail: str, timeout: float) -> Verdict:
+    """test.sh's exit status and the reward files' text -> Verdict. A reward that is not a finite
+    number in [0, 1] is an error of the trial (reward 0, kept in its group): nothing the container
+    writes can put NaN or inf into a GRPO group. Every failure here happened inside the container,
+    so none is `infra:` (no free retry for the agent)."""
+    if rc in (124, 137):
         return Verdict(0.0, f"verifier timed out after {timeout:.0f}s", tail)
     try:
-        if "txt" in parts:
-            return Verdict(_reward_value(parts["txt"].strip()), None, tail)
-        if "json" in parts:
-            data = json.loads(parts["json"])
+        if files.get("txt") is not None:
+            return Verdict(_reward_value(files["txt"].strip()), None, tail)
+        if files.get("json") is not None:
+            data = json.loads(files["json"])
             if isinstance(data, dict):
                 vals = [data["reward"]] if "reward" in data else list(data.values())
                 return Verdict(_reward_value(sum(map(_reward_value, vals)) / len(vals)), None, tail)
             return Verdict(_reward_value(data), None, tail)
-    except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError) as e:
+    except (ValueError, TypeError, ZeroDivisionError, KeyError, RecursionError, OverflowError) as e:
         return Verdict(0.0, f"unparsable reward file ({str(e)[:200]})", tail)
-    if not rc:
-        return Verdict(0.0, "verifier gave no exit status (its harness was cut short)", out[-2000:].strip())
     return Verdict(0.0, f"no reward file written (test.sh exit {rc})", tail)
 
 
@@ -1815,8 +1922,8 @@ class StorageWatch:
             if over and grew:
                 self.trips += 1
                 with suppress(Exception):  # the toolchain's bash: kill(-1) spares init and the killer
-                    self.env.container.exec_run([*self.env._shell(), "-c", "kill -9 -1"],
-                                                environment=self.env._harness_env())
+                    self.env._exec([*self.env._vshell(), "-c", "kill -9 -1"], EXEC_GRACE,
+                                   self.env._harness_env())
             self.last = used if over else None
 
 
@@ -1824,9 +1931,10 @@ class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
     def __init__(self, container: Any, task: Task, image: str, internet: bool = False,
-                 host: str | None = None, trusted: bool = False):
+                 host: str | None = None, trusted: bool = False, tools: bool | None = None):
         self.container, self.task, self.image, self.internet = container, task, image, internet
-        self.trusted = trusted  # the toolchain is mounted at TOOLS: the verifier runs on it
+        self.tools = trusted if tools is None else tools  # the toolchain is mounted at TOOLS
+        self.trusted = trusted  # ... and test.sh and the bash tool's harness run on it (trusted_verify)
         self.network: str | None = None  # the container's own network (see episode_network)
         self.watch: StorageWatch | None = None  # started by start_env
         self.host = host  # the engine it runs on (None: the default one)
@@ -1834,6 +1942,7 @@ class Env:
         env = dict(e.split("=", 1) for e in (container.attrs.get("Config") or {}).get("Env") or []
                    if "=" in e)
         self.path = env.get("PATH", "/usr/local/sbin:/usr/local/bin:" + _SYS_PATH)  # the image's
+        self.died: str | None = None  # why the container stopped from inside (see _gone)
 
     def __enter__(self) -> Env:
         return self
@@ -1841,14 +1950,30 @@ class Env:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _exec(self, argv: list[str], deadline: float, env: dict | None = None) -> tuple[int, bytes] | None:
-        """exec_run with a host-side deadline (docker-py has none: a hung exec would block for the
-        client's 2-hour read timeout). None = no answer in time; EnvError = the container is gone."""
+    def _exec(self, argv: list[str], deadline: float, env: dict | None = None, cap: int = EXEC_OUTPUT_CAP,
+              user: str = "") -> tuple[int | None, bytes] | None:
+        """One exec with a host-side deadline and a cap on the bytes read of its output (docker-py has
+        neither: a hung exec blocks for the client's 2-hour read timeout, and whatever writes to the
+        exec's stdout -- `/proc/PID/fd/1` of its shell included -- would be read whole into memory).
+        None = no answer in time; (None, first `cap` bytes) = more output than that: reading stopped
+        and the connection closed; ContainerDied / EnvError = the container is gone (see _gone)."""
         box: dict = {}
 
         def run() -> None:
             try:
-                box["r"] = self.container.exec_run(argv, environment={**_EXEC_ENV, **(env or {})})
+                api = self.container.client.api
+                eid = api.exec_create(self.container.id, argv, environment={**_EXEC_ENV, **(env or {})},
+                                      user=user)["Id"]
+                stream, out = api.exec_start(eid, stream=True), bytearray()
+                try:
+                    for chunk in stream:
+                        out += chunk[: cap + 1 - len(out)]
+                        if len(out) > cap:
+                            box["r"] = None, bytes(out[:cap])
+                            return
+                finally:
+                    stream.close()
+                box["r"] = api.exec_inspect(eid)["ExitCode"], bytes(out)
             except Exception as e:  # noqa: BLE001 (re-raised below, in the caller's thread)
                 box["e"] = e
 
@@ -1857,9 +1982,34 @@ class Env:
         th.join(deadline)
         if th.is_alive():
             return None
-        if "e" in box:  # reaped, OOM-killed, engine restarted
-            raise EnvError(f"{self.task.name}: container is gone or unusable: {box['e']}") from None
-        return box["r"].exit_code, box["r"].output
+        if "e" in box:
+            raise self._gone(box["e"]) from None
+        if box["r"][0] == 126 and box["r"][1].startswith(b"OCI runtime exec failed"):  # no process started
+            raise self._gone(RuntimeError(box["r"][1].decode(errors="replace").strip()[:300])) from None
+        return box["r"]
+
+    def _gone(self, e: BaseException) -> EnvError:
+        """Why an exec failed: a container that stopped by itself (PID 1 OOM-killed: any process may
+        raise PID 1's oom_score_adj) or whose pids are all taken is the agent's doing (ContainerDied);
+        one removed (reaped) or an engine that does not answer is the infrastructure's (EnvError)."""
+        with suppress(Exception):
+            for _ in range(10):  # the engine may take a moment to see that PID 1 is gone
+                self.container.reload()
+                state = self.container.attrs.get("State") or {}
+                if not state.get("Running") or self.died:
+                    break
+                time.sleep(0.3)
+            if not state.get("Running") and self.died is None:
+                how = "OOM-killed" if state.get("OOMKilled") else f"exited with {state.get('ExitCode')}"
+                self.died = f"the container stopped from inside (its PID 1 {how})"
+            elif state.get("Running") and self.task.pids_limit:
+                pids = (self.container.stats(stream=False).get("pids_stats") or {}).get("current") or 0
+                if pids >= self.task.pids_limit - 2:
+                    return ContainerDied(f"{self.task.name}: all {self.task.pids_limit} pids of the "
+                                         f"container are taken; no process can start ({e})")
+        if self.died:
+            return ContainerDied(f"{self.task.name}: {self.died}")
+        return EnvError(f"{self.task.name}: container is gone or unusable: {e}")
 
     def bash(self, command: str, timeout: float = 180.0, max_bytes: int = MAX_OUTPUT_BYTES
              ) -> CmdResult:
@@ -1874,7 +2024,12 @@ class Env:
         argv = [*self._shell(), "--noprofile", "--norc", "-c", _OUTER, "reterm", cid, f"{timeout:.3f}",
                 str(max_bytes), str(cap_kb), self.path, _INNER, command]
         trips = self.watch.trips if self.watch else 0
-        r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env())
+        r = self._exec(argv, timeout + EXEC_GRACE, self._harness_env(), cap=max_bytes + EXEC_OUTPUT_CAP)
+        if r is not None and r[0] is None:  # written past the capturer, e.g. to /proc/PID/fd/1
+            self._kill(cid)
+            note = f"\n[output past {max_bytes} bytes written around the tool's capture; command killed]\n"
+            return CmdResult(r[1][:max_bytes].decode(errors="replace") + note, 137, False,
+                             time.monotonic() - t0)
         if self.watch and self.watch.trips > trips:
             cap = self.watch.cap
             note = (f"\n[killed: the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} "
@@ -1882,15 +2037,19 @@ class Env:
             out = r[1].decode(errors="replace") if r else ""
             return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
-            with suppress(EnvError):
-                self._exec([*self._shell(), "-c", _KILL + '\nkill_command "$1"', "kill", cid], EXEC_GRACE,
-                           self._harness_env())
+            self._kill(cid)
             return CmdResult(f"[no answer from the container {EXEC_GRACE:.0f}s after the timeout; killed]",
                              124, True, time.monotonic() - t0)
         dt = time.monotonic() - t0
         note = "\n[the container's files are past the storage cap: until some are deleted, a file may grow " \
                "by at most 1 MB]\n" if full else ""
         return CmdResult(r[1].decode(errors="replace") + note, r[0], r[0] in (124, 137) and dt >= timeout, dt)
+
+    def _kill(self, cid: str) -> None:
+        """Kill every process of command `cid` (see _KILL)."""
+        with suppress(EnvError):
+            self._exec([*self._shell(), "-c", _KILL + '\nkill_command "$1"', "kill", cid], EXEC_GRACE,
+                       self._harness_env())
 
     def _shell(self) -> list[str]:
         """The harness's bash: the toolchain's, through its own loader, where one is mounted (a
@@ -1904,7 +2063,8 @@ class Env:
         gets its own PATH back and no LD_LIBRARY_PATH (see _INNER)."""
         if not self.trusted:
             return None
-        return {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": ""}
+        return {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": "",
+                **_TOOLS_CONFIG}
 
     def _put(self, dest: str, data: bytes) -> None:
         buf = io.BytesIO()
@@ -1945,30 +2105,86 @@ class Env:
         ensure_docker_timeout(timeout + EXEC_GRACE + 60)
         if self.watch:  # the episode is over: what the tests write is not the agent's
             self.watch.stop.set()
+        if self.died:  # the agent stopped its own container: its failure, not the infrastructure's
+            return Verdict(0.0, self.died, "")
         if fresh:
             snap = None
             try:
                 snap = self.snapshot()
                 with start_env(self.task, snap, self.internet, self.host) as env:
                     return env.verify(timeout)
+            except ContainerDied as e:
+                return Verdict(0.0, f"fresh verifier container: {e}", "")
             except Exception as e:
                 return Verdict(0.0, infra_error("fresh verifier container", e), "")
             finally:
                 if snap:
                     remove_image(snap)
         try:
-            stage, marker = f"/.reterm-tests-{uuid.uuid4().hex[:16]}", f"@@{uuid.uuid4().hex}"
-            self.upload(self.task.tests_dir, stage)
-            if self.trusted:  # the loader would inject a library listed there into every program
-                with suppress(Exception):  # a folder there: the loader can't read it either
-                    self._put("/etc/ld.so.preload", b"")
-            r = self._exec([*self._shell(), "-c", _VERIFY, "verify", f"{timeout:.0f}", stage, marker],
-                           timeout + EXEC_GRACE, self.verifier_env())
-            if r is None:  # the container's own tools hung (a planted `timeout`, a frozen filesystem)
-                return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", "")
-            return _parse_reward(r[1].decode(errors="replace"), timeout, marker)
+            return self._verify_here(timeout)
+        except ContainerDied as e:
+            return Verdict(0.0, str(e), "")
         except Exception as e:
             return Verdict(0.0, infra_error("verifier failed", e), "")
+
+    def _verify_here(self, timeout: float) -> Verdict:
+        """The steps of _VERIFY_STAGE's comment, in this container."""
+        stage = f"/.reterm-tests-{uuid.uuid4().hex[:16]}"
+        self.upload(self.task.tests_dir, stage)
+        sh, env = self._vshell(), self.verifier_env()
+        r = self._exec([*sh, "-c", _VERIFY_STAGE, "stage", stage], EXEC_GRACE, env)
+        if r is None or r[0] != 0:  # the container's filesystem (a read-only /tests, a full disk)
+            return Verdict(0.0, "verifier could not put the tests in /tests (the container's filesystem)",
+                           (r[1] if r else b"")[-2000:].decode(errors="replace").strip())
+        timer = f"{TOOLS}/.reterm/bin/timeout" if self.tools else "timeout"
+        r = self._exec([*sh, "-c", _VERIFY_RUN, "verify", timer, f"{timeout:.0f}", *sh],
+                       timeout + EXEC_GRACE, env)
+        own = {"PATH": f"{TOOLS}/.reterm/bin:{_SYS_PATH}", **_TOOLS_CONFIG} if self.tools else None
+        killed = self._exec([*sh, "-c", _KILL_ALL], EXEC_GRACE, own)
+        tail = self._exec([*sh, "-c", _VERIFY_TAIL], EXEC_GRACE, own)
+        tail_text = tail[1].decode(errors="replace").strip() if tail else ""
+        if killed is None or killed[0] != 0:
+            return Verdict(0.0, "processes in the container outlived the tests (they could not be killed)",
+                           tail_text)
+        if r is None:  # a planted `timeout` that never returns, a frozen filesystem
+            return Verdict(0.0, f"verifier gave no answer in {timeout + EXEC_GRACE:.0f}s", tail_text)
+        if r[0] is None:  # the exec's stdout was written to (its own output goes to the log)
+            return Verdict(0.0, f"verifier output past {EXEC_OUTPUT_CAP} bytes", tail_text)
+        files = {k: self._reward_file(f"/logs/verifier/reward.{k}") for k in ("txt", "json")}
+        return _verdict(r[0], files, tail_text, timeout)
+
+    def _reward_file(self, path: str) -> str | None:
+        """The first 4,096 bytes of a regular file, read through the engine (no program of the
+        container runs); None for anything else (missing, a link, a folder, a FIFO)."""
+        import docker
+
+        try:
+            stream, stat = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        buf = bytearray()
+        try:
+            for chunk in stream:
+                buf += chunk
+                if len(buf) > 65536:  # headers and 4,096 bytes are in there
+                    break
+        finally:
+            with suppress(Exception):
+                stream.close()
+        if stat.get("linkTarget") or (stat.get("mode", 0) & _GO_NOT_REGULAR):
+            return None
+        member_tar = tarfile.open(fileobj=io.BytesIO(bytes(buf)), mode="r|")
+        member = member_tar.next()
+        if member is None or not member.isfile():
+            return None
+        return member_tar.extractfile(member).read(4096).decode(errors="replace")
+
+    def _vshell(self) -> list[str]:
+        """The verifier's own shell (it runs each step and interprets test.sh): the toolchain's
+        wherever one is mounted, pinned images included; without one, the image's `bash`."""
+        if not self.tools:
+            return ["bash"]
+        return [f"{TOOLS}/.reterm/ld.so", "--library-path", _TOOLS_LIBS, f"{TOOLS}/bin/bash"]
 
     def verifier_env(self) -> dict:
         """test.sh's environment: the image's PATH, with the distribution's directories first -- and
@@ -1979,7 +2195,7 @@ class Env:
             return {"PATH": path}
         return {"PATH": f"{TOOLS}/.reterm/bin:{path}", "LD_LIBRARY_PATH": _TOOLS_LIBS, "LD_PRELOAD": "",
                 "GIT_EXEC_PATH": f"{TOOLS}/lib/git-core", "PYTHONNOUSERSITE": "1", "PYTHONPATH": "",
-                "PYTHONHOME": "", "PYTHONSTARTUP": ""}
+                "PYTHONHOME": "", "PYTHONSTARTUP": "", **_TOOLS_CONFIG}
 
     def close(self) -> None:
         if self.watch:
@@ -2013,14 +2229,17 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     net = internet and task.allow_internet
     quota = task.storage_mb and _quota_storage(host)
     storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if quota else {}
-    tools = toolchain(host) if trusted_verify(task) else None
+    tools = toolchain(host) if os.environ.get("RETERM_TRUSTED_VERIFY") != "0" else None
     if tools:  # read-only: the agent can use these programs but not change them
         storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
-    network = None
+    network, pid1 = None, ["bash", "-c", _KEEPALIVE]
+    if tools:  # PID 1 is the toolchain's bash, never a program of the image (or of the agent, in a fork)
+        pid1 = [f"{TOOLS}/.reterm/ld.so", "--library-path", _TOOLS_LIBS, f"{TOOLS}/bin/bash", "-c",
+                _KEEPALIVE]
     try:
         network = episode_network(host) if net else None
         c = docker_client(host).containers.run(
-            image, ["bash", "-c", _KEEPALIVE], detach=True, init=False,  # pid 1 ignores kill -9 from inside
+            image, pid1, detach=True, init=False,  # pid 1 ignores kill -9 from inside
             labels={LABEL: "1", "reterm.run": RUN_ID, "reterm.task": task.name, **_OWNER},
             network_mode=network or "none",
             nano_cpus=int(min(task.cpus, ncpu) * 1e9), mem_limit=f"{task.memory_mb}m",
@@ -2028,11 +2247,22 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
     except docker.errors.APIError as e:
         remove_network(network, host)
         raise EnvError(f"{task.name}: cannot start a container from {image}: {e}") from None
-    # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
-    c.exec_run(["sh", "-c", "mkdir -p /logs/agent /logs/verifier && chmod 777 /logs/agent /logs/verifier"],
-               user="root")
-    env = Env(c, task, image, net, host, trusted=bool(tools))
+    env = Env(c, task, image, net, host, trusted=bool(tools) and trusted_verify(task), tools=bool(tools))
     env.network = network
+    # Harbor mounts these for the agent's and the verifier's logs; whoever the task runs as may write.
+    # A deadline of its own: a fork of a snapshot whose `sh` the agent replaced must fail in a minute.
+    try:
+        shell = env._vshell() if tools else ["sh"]
+        r = env._exec([*shell, "-c", _SETUP], START_TIMEOUT, env._harness_env(), user="root")
+    except EnvError:
+        env.close()
+        raise
+    if r is None:
+        env.close()
+        why = f"gave no answer in {START_TIMEOUT:.0f}s"
+        err = ContainerDied if image.startswith("reterm-snap/") else EnvError  # a snapshot: the agent's files
+        raise err(f"{task.name}: the set-up command of a new container from {image} {why}: its shell "
+                  "does not work") from None
     if not quota:  # no real quota from the engine: watch the layer ourselves
         env.watch = StorageWatch(env, task.storage_mb or DEFAULT_STORAGE_MB,
                                  task.storage_inodes or DEFAULT_STORAGE_INODES)
@@ -2150,11 +2380,13 @@ def reap(run_id: str | None = RUN_ID, snapshots: bool = True, kept: bool = False
         with suppress(Exception):  # already gone
             client.api.remove_container(cid, force=True)
     keep = [] if kept else ["reterm.keep=0"]
-    images = client.images.list(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
-    images = [im for im in images
-              if run_id or _stale(im.labels, everything) or im.labels.get("reterm.keep") == "1"]
+    # The low-level list too: the high-level one fetches each image, and one removed meanwhile (a
+    # run's own clean-up) would raise ImageNotFound before the networks below are removed.
+    images = client.api.images(filters={"label": ["reterm.kind=snapshot", *keep, *run]}) if snapshots else []
+    images = [im["Id"] for im in images if run_id or _stale(im.get("Labels") or {}, everything)
+              or (im.get("Labels") or {}).get("reterm.keep") == "1"]
     for im in images:
-        remove_image(im.id, host)
+        remove_image(im, host)
     for n in client.api.networks(filters={"label": [LABEL, *run]}):  # their containers are gone now
         if run_id or _stale(n.get("Labels") or {}, everything):
             remove_network(n["Id"], host)
@@ -2400,6 +2632,33 @@ def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
         if local:
             raise
         raise FileNotFoundError(f"{missing} (hub: {str(e).splitlines()[0]})") from None
+
+
+def _text_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text` as plain text: the tokenizer's own pipeline without its added-token matching, so a
+    `<|im_end|>` or `<tool_call>` string becomes ordinary pieces, never the control token's id."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
+
+
+def _encode_observed(tokenizer: Any, text: str, observed: dict[str, str]) -> list[int]:
+    """Encode a rendered delta whose observation texts stand as placeholders (keys of `observed`):
+    the template's own markup keeps its control tokens, an observation's text is only text. Output
+    without any added-token string tokenises exactly as the whole text always did."""
+    whole = text
+    for key, body in observed.items():
+        whole = whole.replace(key, body)
+    added = tokenizer.get_added_vocab()
+    if (not any(t in body for body in observed.values() for t in added)
+            or any(text.count(key) != 1 for key in observed)):  # a template that rewrites content
+        return _encode(tokenizer, whole)
+    ids: list[int] = []
+    for part in re.split(f"({'|'.join(map(re.escape, observed))})", text):
+        ids += _text_ids(tokenizer, observed[part]) if part in observed else _encode(tokenizer, part)
+    return ids
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -2903,6 +3162,7 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None
     there is no checkpoint. Resume with the same world size that saved it."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
@@ -2912,7 +3172,12 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dict | None
             return None
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as e:  # a torn or foreign .metadata, a missing shard
+        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]  # its last line, not a traceback
+        raise DataError(f"{path}: cannot resume from this checkpoint ({why}); remove it to start over"
+                        ) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return torch.load(path / f"extra_{int(os.environ.get('RANK', 0))}.pt", weights_only=False)
 

@@ -4,9 +4,10 @@
 2. the machine's CPU time per environment operation (every process: dockerd, containerd, runc and
    the container's own, from /proc/stat, so Linux only) and what it caps: rollouts are CPU-bound
    on a small machine, whatever the concurrency;
-3. oracle evaluation of all bundled tasks at concurrency 1 vs 4 (wall-clock ratio).
+3. oracle evaluation of all bundled tasks at concurrency 1 vs 4 (wall-clock ratio);
+4. --verify-cost: wall-clock medians of verification in place vs in a fresh fork (04's default).
 
-    python bench/bench_env.py [--tasks tasks] [--n 8]
+    python bench/bench_env.py [--tasks tasks] [--n 8] [--verify-cost TASK]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -47,28 +49,33 @@ def cpu_per_call(fn, n: int) -> float:
 
 
 OPS = {"start": "start + remove a container", "command": "one bash command (ls)",
-       "verify": "verify (tests uploaded, test.sh run)", "snapshot": "snapshot + remove it",
-       "verify_2x": "  the same in two execs (before)"}
-# how verify() ran before it became one exec: an exec that empties /tests and /logs/verifier, the
-# upload straight to /tests, an exec that runs test.sh (the baseline of the "verify_2x" line)
-_PREP = ("rm -rf /tests /logs/verifier; { [ -d /logs ] && [ ! -L /logs ]; } || rm -rf /logs; "
-         "mkdir -p /tests /logs/verifier && chmod 777 /logs/verifier")
-
-
-def verify_two_execs(env: C.Env) -> None:
-    env._exec(["bash", "-c", _PREP], C.EXEC_GRACE)
-    env.upload(env.task.tests_dir, "/tests")
-    env._exec(["bash", "-c", C._VERIFY_RUN, "verify", "60"], 60 + C.EXEC_GRACE, env.verifier_env())
-
-
+       "verify": "verify (tests uploaded, test.sh run)",
+       "verify_fresh": "verify in a fresh fork (04's default)", "snapshot": "snapshot + remove it"}
 def op_costs(task: C.Task, n: int) -> dict[str, float]:
     """Machine CPU seconds per operation (OPS), each measured on its own."""
     with C.start_env(task) as env:
         return {"start": cpu_per_call(lambda: C.start_env(task).close(), n),
                 "command": cpu_per_call(lambda: env.bash("ls /"), 4 * n),
                 "verify": cpu_per_call(env.verify, n),
-                "verify_2x": cpu_per_call(lambda: verify_two_execs(env), n),
+                "verify_fresh": cpu_per_call(lambda: env.verify(fresh=True), n),
                 "snapshot": cpu_per_call(lambda: C.remove_image(env.snapshot()), n)}
+
+
+def verify_cost(task: C.Task, n: int) -> None:
+    """Wall-clock medians of n verifications of the oracle's solution, in place and in a fresh fork
+    (commit, fork, verify, remove): what 04's default --verify-fresh adds per attempt."""
+    with C.env_session(), C.start_env(task) as env:
+        env.upload(task.solution_dir, "/solution")
+        env.bash("bash /solution/solve.sh >/dev/null 2>&1")
+        walls = {}
+        for fresh in (False, True):
+            runs = [timed(lambda f=fresh: env.verify(fresh=f)) for _ in range(n)]
+            assert all(v.reward == 1.0 for v, _ in runs), runs
+            walls[fresh] = statistics.median(s for _, s in runs)
+    print(f"\n== verification of {task.name} (median of {n}) ==")
+    print(f"in place          : {1000 * walls[False]:6.0f} ms")
+    extra = 1000 * (walls[True] - walls[False])
+    print(f"in a fresh fork   : {1000 * walls[True]:6.0f} ms   (+{extra:.0f} ms)")
 
 
 def main() -> None:
@@ -76,8 +83,11 @@ def main() -> None:
     ap.add_argument("--tasks", default="tasks")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--verify-cost", metavar="TASK", help="only measure verification in place vs fresh")
     args = ap.parse_args()
     tasks = C.load_tasks(args.tasks)
+    if args.verify_cost:
+        return verify_cost(next(t for t in tasks if t.name == args.verify_cost), args.n)
     task = tasks[0]
     with C.env_session():
         C.task_image(task)  # build outside the timings

@@ -1,0 +1,243 @@
+"""The third round of attacks, each against a real container: output the host reads only up to a
+cap whatever writes it, execs that answer within a deadline (fork start-up included), a container
+the agent killed blamed on the agent, and a verifier whose trust boundary holds by construction."""
+
+from __future__ import annotations
+
+import resource
+import textwrap
+import time
+
+import batch_rollouts as R
+import pytest
+import test_harden2
+from conftest import ScriptedEngine, call
+from test_harden2 import TOML, bundled, plant, start
+
+import common as C
+
+pytestmark = pytest.mark.usefixtures("docker_ready")
+tok = test_harden2.tok  # the tiny tokenizer, module-scoped
+
+
+def test_output_written_around_the_capture_is_bounded_on_the_host(make_task):
+    """The command writes 200 MiB to the tool shell's own stdout (/proc/PID/fd/1, past the capturer):
+    the host reads at most the cap, the process grows by no more than a few MiB, the tool goes on."""
+    with start(make_task, "flood") as env:
+        outer = "o=$(awk '{print $4}' /proc/$PPID/stat)"  # inner shell -> timeout -> the harness's shell
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.monotonic()
+        r = env.bash(f"{outer}; yes | head -c 200M > /proc/$o/fd/1; echo done")
+        grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+        assert len(r.output) <= C.MAX_OUTPUT_BYTES + 200 and "written around" in r.output, len(r.output)
+        assert r.exit_code == 137 and time.monotonic() - t0 < 60
+        assert grown_kib < 8 * 1024, grown_kib
+        assert env.bash("echo still here").output == "still here\n"
+        v = env.verify()  # the verifier's exec is capped the same way
+        assert (v.reward, v.error) == (0.0, None), v
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_planted_hanging_shell_fails_the_fork_fast(make_task, monkeypatch, trusted):
+    """A snapshot whose `sh` and `bash` never return (first in the image's PATH, and in the
+    distribution's): a fork of it starts on the toolchain (trusted), or fails within START_TIMEOUT
+    with a clear error that is not `infra:` (its own tools, as for a pinned image)."""
+    if not trusted:
+        monkeypatch.setenv("RETERM_TRUSTED_VERIFY", "0")
+    monkeypatch.setattr(C, "START_TIMEOUT", 10.0)
+    with start(make_task, f"hangsh{int(trusted)}") as env:
+        assert env.trusted == trusted
+        env.bash("echo ok > /app/out.txt")
+        for path in ("/usr/local/bin/sh", "/usr/local/sbin/bash", "/usr/sbin/sh"):
+            plant(path, "exec sleep 100000", env)
+        snap = env.snapshot()
+        try:
+            t0 = time.monotonic()
+            if trusted:
+                with C.start_env(env.task, snap) as fork:
+                    assert fork.bash("cat /app/out.txt").output == "ok\n"
+                    pid1 = fork.bash("tr '\\0' ' ' </proc/1/cmdline").output
+                    assert pid1.startswith(f"{C.TOOLS}/.reterm/ld.so "), pid1
+                assert env.verify(fresh=True) == C.Verdict(1.0, None, "")
+            else:
+                with pytest.raises(C.ContainerDied, match="gave no answer in 10s"):
+                    C.start_env(env.task, snap)
+                v = env.verify(fresh=True)
+                assert v.reward == 0.0 and "no answer" in v.error and not C.is_infra_error(v.error), v
+            assert time.monotonic() - t0 < 60
+        finally:
+            C.remove_image(snap)
+
+
+OOM_TOML = TOML.replace('memory = "512M"', 'memory = "256M"')
+# Eight hogs of 48 MB each: each smaller than PID 1's score once its oom_score_adj is 1000.
+HOG = "for i in $(seq 8); do python3 -c 'import time; a = bytearray(48 << 20); time.sleep(30)' & done; wait"
+
+
+def test_a_container_the_agent_killed_is_its_own_failure(make_task, tok):
+    """PID 1 made the OOM killer's first choice, then a memory hog: the container stops. The episode
+    scores 0 without `infra:` and stays in its group; verification says why."""
+    lines = bundled("dedupe-files").env_dir.joinpath("Dockerfile").read_text().splitlines()
+    task = C.load_task(make_task("oom", toml=OOM_TOML, dockerfile="\n".join(lines[:2]) + "\nWORKDIR /app\n"))
+    with C.start_env(task) as env:
+        env.bash(f"echo 1000 > /proc/1/oom_score_adj; {HOG}")
+        with pytest.raises(C.ContainerDied, match="stopped from inside"):
+            env.bash("echo hello")
+        for fresh in (False, True):
+            v = env.verify(fresh=fresh)
+            assert v.reward == 0.0 and "stopped from inside" in v.error and not C.is_infra_error(v.error), v
+    kill = "echo 1000 >/proc/1/oom_score_adj; " + HOG
+    eng = ScriptedEngine(tok, [call("echo ok > /app/out.txt"), call(kill), call("cat /app/out.txt"), "Done."])
+    with C.env_session():
+        (ep,), _ = R.run_attempts([task], eng, C.RolloutConfig(max_turns=6, max_context=8192, concurrency=1,
+                                                               verify_fresh=True))
+    assert (ep.error, ep.reward, ep.end) == (None, 0.0, "container_died"), (ep.error, ep.end)
+    assert "stopped from inside" in ep.verify_error and not C.is_infra_error(ep.verify_error)
+
+
+def test_a_huge_integer_reward_is_the_trials_error(make_task):
+    with start(make_task, "huge", test="mkdir -p /logs/verifier; echo '{\"reward\": 1%s}' >"
+               " /logs/verifier/reward.json\n" % ("0" * 400)) as env:
+        v = env.verify()
+        assert v.reward == 0.0 and v.error.startswith("unparsable reward"), v
+
+
+def test_pid_exhaustion_cannot_stop_pid_1(make_task):
+    """PID 1 never forks (bash builtins only), so it needs no free pid: processes that escaped the
+    command's marker hold every pid and PID 1 lives on. The tool answers that no process can start,
+    and verification scores 0 without `infra:` (the agent's failure, not the engine's)."""
+    with start(make_task, "pidx", "pids_limit = 64\n") as env:
+        assert env.bash("cat /proc/1/task/1/children; echo end").output == "end\n"  # no child to kill
+        env.bash("for i in $(seq 100); do env -u RETERM_CMD setsid sleep 1000 & done 2>/dev/null", timeout=5)
+        time.sleep(2)
+        env.container.reload()
+        assert env.container.attrs["State"]["Running"]
+        assert "Resource temporarily unavailable" in env.bash("echo hello").output
+        v = env.verify()
+        assert v.reward == 0.0 and not C.is_infra_error(v.error), v
+
+
+# ---- the trust boundary of verification: each attack class scores 0 on dedupe-files, whose test.sh
+# runs `python3 /tests/check.py` (hashlib) and writes 1 when it exits 0 ------------------------------
+
+# A library that ends any process whose command line names /tests/check.py with status 0.
+EVIL_C = r"""#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+__attribute__((constructor)) static void evil(void) {
+  char b[8192]; int fd = open("/proc/self/cmdline", O_RDONLY); if (fd < 0) return;
+  ssize_t n = read(fd, b, sizeof b - 1); close(fd); if (n <= 0) return;
+  for (ssize_t i = 0; i < n; i++) if (!b[i]) b[i] = ' ';
+  b[n] = 0; if (strstr(b, "/tests/check.py")) _exit(0);
+}"""
+
+
+@pytest.fixture(scope="module")
+def evil_so(tmp_path_factory):
+    import shutil
+    import subprocess
+
+    if not shutil.which("gcc"):
+        pytest.fail("these attacks need gcc on the host to build the agent's library")
+    d = tmp_path_factory.mktemp("evil")
+    (d / "evil.c").write_text(EVIL_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(d / "evil.so"), str(d / "evil.c")], check=True)
+    return d / "evil.so"
+
+
+def scores(env: C.Env) -> list[float]:
+    return [env.verify(fresh=fresh).reward for fresh in (False, True)]
+
+
+def test_python_site_hooks_through_etc_and_dist_packages_score_0():
+    hook = b"import os, sys\nif sys.argv[0].startswith('/tests/'): os._exit(0)\n"
+    with C.start_env(bundled("dedupe-files")) as env:
+        env.container.put_archive("/", _tar({"etc/python3.11/sitecustomize.py": hook}))
+        assert env.bash("python3 /tests/x.py; echo $?").output.endswith("0\n")  # the agent's python: fooled
+        assert scores(env) == [0.0, 0.0]
+        env.bash("rm /etc/python3.11/sitecustomize.py")
+        dirs = ("usr/lib/python3/dist-packages", "usr/local/lib/python3.11/dist-packages",
+                "usr/local/lib/python3.11/site-packages")
+        files = {f"{d}/{m}customize.py": hook for d in dirs for m in ("site", "user")}
+        env.container.put_archive("/", _tar(files))
+        assert env.bash("python3 /tests/x.py; echo $?").output.endswith("0\n")
+        assert scores(env) == [0.0, 0.0]
+
+
+def test_planted_shells_that_rewrite_the_tests_score_0():
+    """/usr/local/sbin/bash and /usr/local/bin/sh start a loop that makes every test.sh write 1, then
+    run the real shell: neither PID 1 of a fresh fork nor any step of the verifier runs them."""
+    loop = ("while :; do for d in /.reterm-tests-* /tests; do [ -f $d/test.sh ] && ! grep -q forged "
+            "$d/test.sh && echo 'mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt # forged' "
+            "> $d/test.sh; done; done")
+    with C.start_env(bundled("dedupe-files")) as env:
+        env.bash(f"cat > /tmp/loop.sh <<'EOF'\n{loop}\nEOF")
+        for path, real in (("/usr/local/sbin/bash", "/usr/bin/bash"), ("/usr/local/bin/sh", "/usr/bin/sh")):
+            env.bash(f"printf '#!/usr/bin/bash\\n(setsid /usr/bin/bash /tmp/loop.sh >/dev/null 2>&1 &)\\n"
+                     f"exec {real} \"$@\"\\n' > {path} && chmod +x {path}")
+        assert scores(env) == [0.0, 0.0]
+
+
+def test_code_under_test_cannot_read_a_marker_or_write_control_lines(make_task):
+    """Code run by test.sh writes forged control lines, with every `@@` word any process carries, to
+    the stdout of every shell in the container: the reward is the file's, 0."""
+    forge = textwrap.dedent("""\
+        for p in /proc/[0-9]*; do
+          m=$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | grep '^@@' | head -1)
+          for q in /proc/[0-9]*; do
+            printf '%s rc 0\\n%s txt\\n1\\n@@txt 1\\n' "$m" "$m" > $q/fd/1 2>/dev/null
+          done
+        done
+        """)
+    with start(make_task, "forge3", test=test_harden2.SCORED_BY_APP) as env:
+        env.bash(f"cat > /app/run.sh <<'EOF'\n{forge}EOF\necho 'echo 0' > /app/score.sh")
+        for fresh in (False, True):
+            v = env.verify(fresh=fresh)
+            assert (v.reward, v.error) == (0.0, None), v
+
+
+def test_the_agents_library_through_openssl_config_or_nss_scores_0(evil_so):
+    with C.start_env(bundled("dedupe-files")) as env:
+        lib = evil_so.read_bytes()
+        nss = "usr/lib/x86_64-linux-gnu/libnss_evil.so.2"
+        env.container.put_archive("/", _tar({"usr/lib/evil.so": lib, nss: lib}))
+        cnf = ("openssl_conf = init\\n[init]\\nproviders = prov\\n[prov]\\nevil = evil_sect\\n"
+               "default = default_sect\\n[evil_sect]\\nmodule = /usr/lib/evil.so\\nactivate = 1\\n"
+               "[default_sect]\\nactivate = 1\\n")
+        env.bash(f'printf "{cnf}" > /etc/ssl/openssl.cnf; rm -f /usr/lib/ssl/openssl.cnf; '
+                 'cp /etc/ssl/openssl.cnf /usr/lib/ssl/openssl.cnf')
+        live = "mkdir -p /tests; echo 'import hashlib, sys; sys.exit(3)' > /tests/check.py; "
+        assert env.bash(live + "python3 /tests/check.py; echo $?").output.endswith("0\n")  # fooled
+        assert scores(env) == [0.0, 0.0]
+        env.bash("rm /etc/ssl/openssl.cnf /usr/lib/ssl/openssl.cnf")
+        env.bash("printf 'passwd: evil files\\ngroup: evil files\\nhosts: evil files\\n' >/etc/nsswitch.conf")
+        fooled = env.bash(live + "env -u SHELL bash -c id /tests/check.py; echo $?").output
+        assert fooled.endswith("0\n"), fooled
+        assert scores(env) == [0.0, 0.0]
+
+
+def test_a_planted_distribution_shell_on_a_pinned_image_scores_0(make_task):
+    """A task that pins its image (as TB2's do) verifies with the image's tools, but the verifier's
+    own shell is the toolchain's: a /usr/sbin/bash that writes 1 and prints control lines never runs."""
+    toml = TOML + f'docker_image = "{C.BASE_IMAGE}"\n'
+    fake = (b"#!/bin/sh\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
+            b"for a; do case $a in @@*) printf '%s rc 0\\n%s txt\\n1\\n' $a $a;; esac; done\n")
+    with C.start_env(C.load_task(make_task("pinned-bash", toml=toml))) as env:
+        assert not env.trusted
+        env.container.put_archive("/", _tar({"usr/sbin/bash": fake}))
+        env.bash("bash -c 'echo hi'")  # the image's bash (the tool's shell too) is the agent's now
+        assert env.container.exec_run(["cat", "/logs/verifier/reward.txt"]).output == b"1\n"
+        assert scores(env) == [0.0, 0.0]
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
