@@ -78,6 +78,59 @@ def test_k3_and_truncated_importance_weight():
     assert torch.allclose(w, torch.tensor([2.0, 1.5]))
 
 
+def _ep(reward: float, token: int, error: str | None = None) -> C.Episode:
+    """A finished attempt by hand: one sampled token (its id names the row), a reward, maybe an error."""
+    trace = C.TokenTrace()
+    trace.add_sampled([token], [-0.5], trained=True)
+    return C.Episode(task=None, messages=[], trace=trace, reward=reward, error=error, turns=1)
+
+
+def _rollout_step(monkeypatch, groups: list, *argv: str):
+    """Stage 04's rollout_step (collect → drop uniform → metrics → rows) on hand-built groups: only
+    run_groups, the containers and the engine, is replaced."""
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--batch-states", str(len(groups)), *argv])
+    monkeypatch.setattr(G, "run_groups", lambda plan, *a: (groups, {"env_steps": 0}))
+    return G.rollout_step(1, cfg, G.Pool(cfg.floor), {"t": None}, None, None)
+
+
+def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry_goes(monkeypatch):
+    """Each failed attempt and its recovery are one sample with the recovery's reward; both rows
+    carry that sample's advantage. Recovery rewards [1, 0] (unbiased std 1/√2): ±1/√2 on both rows of
+    each pair. A sample whose recovery hit an environment error is dropped before the advantages."""
+    a = G.Group("fresh", "t", "fresh", [_ep(0, 1), _ep(0, 3), _ep(0, 5)], "t",
+                retries=[_ep(1, 2), _ep(0, 4), _ep(0, 6, error="exec failed")])
+    b = G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t", retries=[None, _ep(0, 9)])
+    rows, metrics = _rollout_step(monkeypatch, [a, b], "--mode", "standard_retry")  # --adv-std (default)
+    h = 1 / math.sqrt(2)
+    assert [(r.trace.ids[0], r.adv) for r in rows] == [
+        (1, pytest.approx(h, abs=1e-5)), (2, pytest.approx(h, abs=1e-5)),  # failed → recovered: +
+        (3, pytest.approx(-h, abs=1e-5)), (4, pytest.approx(-h, abs=1e-5)),  # failed → failed again: −
+        (7, pytest.approx(h, abs=1e-5)),  # passed at once: no recovery, one row
+        (8, pytest.approx(-h, abs=1e-5)), (9, pytest.approx(-h, abs=1e-5))]
+    assert metrics["env_errors"] == 1 and metrics["retry_recovery"] == pytest.approx(1 / 3)
+    assert [g["rewards"] for g in metrics["group_rewards"]] == [[1.0, 0.0], [1.0, 0.0]]
+    rows, _ = _rollout_step(monkeypatch, [a, b], "--mode", "standard_retry", "--no-adv-std")  # Dr. GRPO
+    assert [r.adv for r in rows] == [0.5, 0.5, -0.5, -0.5, 0.5, -0.5, -0.5]
+
+
+def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform_groups(monkeypatch):
+    """Computed from the groups by hand: groups of unequal size (the mean over samples is not the
+    mean of group means) and one group made uniform by dropping its environment error."""
+    groups = [G.Group("fork", "s1", "c", [_ep(1, 1), _ep(0, 2), _ep(0, 3)], "t"),
+              G.Group("fork", "s2", "c", [_ep(1, 4), _ep(1, 5)], "t"),  # uniform
+              G.Group("fresh", "t", "fresh", [_ep(0, 6)] * 4, "t"),  # uniform
+              G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t"),
+              G.Group("fresh", "t", "fresh", [_ep(1, 9), _ep(1, 10), _ep(0, 11, error="boom")], "t")]
+    rows, m = _rollout_step(monkeypatch, groups, "--mode", "fork", "--fresh-frac", "1")
+    assert m["reward"] == pytest.approx(6 / 13)  # 1+0+0 + 1+1 + 0·4 + 1+0 + 1+1, over 13 samples
+    assert m["groups"] == 5 and m["groups_dropped"] == 3
+    flat = [r for g in m["group_rewards"] for r in g["rewards"]]  # the record agrees with itself
+    assert m["reward"] == pytest.approx(sum(flat) / len(flat))
+    assert m["groups_dropped"] == sum(len(set(g["rewards"])) == 1 for g in m["group_rewards"])
+    assert m["recovery"] == pytest.approx(3 / 5) and m["fresh_pass"] == pytest.approx(3 / 8)
+    assert [r.trace.ids[0] for r in rows] == [1, 2, 3, 7, 8]  # the kept groups' samples only
+
+
 @pytest.mark.parametrize("rule", ["learnable", "hard"])
 def test_pool_sampling_follows_its_rule_and_retires_mastered(rule):
     import random
