@@ -605,11 +605,17 @@ def rollout_settings(cfg: Config, world: int = 1) -> tuple[C.Scaffold, C.Rollout
     return scaffold, dataclasses.replace(rcfg, verify_fresh=cfg.verify_fresh)
 
 
+def rank_slots(slots: int, rank: int, world: int) -> int:
+    """This rank's share of a Docker engine's container slots: the shares differ by at most one and
+    add up to the engine's slots (a rank gets at least one, so with fewer slots than ranks, more)."""
+    return max(1, slots // world + (rank < slots % world))
+
+
 def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, rank: int, world: int):
     """Every rank: its share of each Docker engine's slots and its own inference engine (seeded
     by rank: the ranks sample differently). Rank 0 also owns the pool (resumed, or from stage 03)."""
     for h in C.use_docker_hosts(cfg.docker_hosts).hosts:
-        h.slots = max(1, h.slots // world + (rank < h.slots % world))
+        h.slots = rank_slots(h.slots, rank, world)
     pool = None
     if rank == 0:
         pool = (Pool(cfg.floor, cfg.pool_weight, **extra["pool"]) if extra
