@@ -343,6 +343,17 @@ def _gc_orphans(out: Path, pool: Pool) -> None:
     _write_live(out, pool)
 
 
+def _forget_steps_after(out: Path, step: int) -> None:
+    """On resume: metrics.jsonl keeps its records up to the checkpoint's step; the steps after it
+    (recorded before the run stopped, never checkpointed) run again and are recorded again."""
+    path = out / "metrics.jsonl"
+    if path.exists():
+        kept = [r for r in C.read_jsonl(path) if r["step"] <= step]
+        tmp = path.with_suffix(".tmp")  # a crash while rewriting leaves the old file whole
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept))
+        tmp.replace(path)
+
+
 # ── rollouts ──────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -621,6 +632,8 @@ def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict |
         pool = (Pool(cfg.floor, cfg.pool_weight, **extra["pool"]) if extra
                 else init_pool(cfg, out, tasks, tok, rcfg))
         _gc_orphans(out, pool)
+        if extra:
+            _forget_steps_after(out, extra["step"])
         if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
             raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
                               "tasks, or their snapshot images are gone); collect some with stage 03, or "

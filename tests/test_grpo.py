@@ -3,10 +3,12 @@ test on a synthetic verifiable reward, and one end-to-end step with real forks t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib
 import math
+import types
 
 import batch_rollouts as R
 import pytest
@@ -387,3 +389,89 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
     assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
                                        a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
     assert {im.id for im in client.images.list(filters={"label": C.LABEL})} <= before
+
+
+# ── main's loop with the rollouts and the update replaced: budget, resume ──
+
+
+def _stub_main(monkeypatch, env_steps) -> None:
+    """Stage 04's main as it is (config, loop, checkpoints, resume, pool, metrics) with each step's
+    rollouts replaced by env_steps(step, pool) -> environment steps spent, no update and no engine."""
+    def rollout_step(step, cfg, pool, *a):
+        return [], {"reward": 0.0, "recovery": None, "groups": 1, "groups_dropped": 1,
+                    "episodes_by_rank": [1], "env_steps": env_steps(step, pool)}
+    monkeypatch.setattr(G, "rollout_step", rollout_step)
+    monkeypatch.setattr(G, "update_policy", lambda *a, **k: {})
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: types.SimpleNamespace(
+        update_weights=lambda weights: list(weights), close=lambda: None))
+
+
+def _steps(out) -> list[tuple[int, int]]:
+    return [(r["step"], r["env_steps_total"]) for r in C.read_jsonl(out / "metrics.jsonl")]
+
+
+def test_the_env_step_budget_stops_at_the_first_step_past_it_and_survives_resume(
+        monkeypatch, make_task, tiny, tmp_path, capsys):
+    _stub_main(monkeypatch, lambda step, pool: 7)
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--out", str(out), "--tasks", str(make_task().parent), "--mode", "standard",
+            "--engine", "hf", "--steps", "10", "--save-every", "0"]
+    G.main(args + ["--env-step-budget", "21"])  # 7, 14, 21: step 3 reaches it
+    assert _steps(out) == [(1, 7), (2, 14), (3, 21)]
+    assert "environment-step budget 21 spent after step 3" in capsys.readouterr().out
+    G.main(args + ["--env-step-budget", "21"])  # resumed with the budget spent: no step runs
+    assert "resumed after step 3" in capsys.readouterr().out and len(_steps(out)) == 3
+    G.main(args + ["--env-step-budget", "30"])  # the checkpoint's 21 count towards a larger budget
+    assert _steps(out) == [(1, 7), (2, 14), (3, 21), (4, 28), (5, 35)]
+    assert "environment-step budget 30 spent after step 5" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_fork_resume_restores_the_checkpoints_pool_removes_orphans_and_records_each_step_once(
+        monkeypatch, make_task, tiny, tmp_path):
+    """A run checkpoints after step 2, adds a state at step 3 and dies in step 4. Its resume starts
+    step 3 from the checkpoint's pool (states, history, skipped count), the state of the lost step 3
+    is gone with its image, and metrics.jsonl holds each step once."""
+    client, repo = C.docker_client(), "reterm-test-resume/" + tmp_path.name.lower()[-20:]
+    task = make_task()
+    seen, tags, crash = {}, {}, [True]
+
+    class Crash(Exception):
+        pass
+
+    def step(n, pool):
+        key = (crash[0], n)  # which run, which step
+        seen[key] = copy.deepcopy(pool.to_dict())  # the pool as the step starts
+        tags[key] = sorted(t for t in client.images.get(C.BASE_IMAGE).tags if t.startswith(repo))
+        if crash[0] and n == 4:
+            raise Crash
+        client.images.get(C.BASE_IMAGE).tag(repo, f"s{n}")
+        state = C.FailureState(f"s{n}", task.name, f"{repo}:s{n}", [], [1], "gave_up_early")
+        pool.add(state, f"{repo}:s{n}", n)
+        pool.hist[state.id] = [0.5]
+        pool.hist[task.name] = pool.hist.get(task.name, []) + [n / 10]
+        pool.skipped_long += 1
+        return 1
+
+    _stub_main(monkeypatch, step)
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--out", str(out), "--tasks", str(task.parent), "--mode", "fork",
+            "--fresh-frac", "1", "--engine", "hf", "--steps", "4", "--save-every", "2"]
+    try:
+        with pytest.raises(Crash):
+            G.main(args)
+        assert [r["step"] for r in C.read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+        assert f"{repo}:s3" in (out / "pool_live.json").read_text()
+        crash[0] = False
+        G.main(args)
+        ckpt = seen[True, 3]  # what the step-2 checkpoint holds
+        assert sorted(ckpt["states"]) == ["s1", "s2"] and ckpt["skipped_long"] == 2
+        assert ckpt["hist"] == {"s1": [0.5], "s2": [0.5], task.name: [0.1, 0.2]}
+        assert seen[False, 3] == ckpt  # the resumed run starts from it, not from stage 03's file
+        assert tags[False, 3] == [f"{repo}:s1", f"{repo}:s2"]  # the lost step's image is gone
+        assert [r["step"] for r in C.read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+        assert not [t for t in client.images.get(C.BASE_IMAGE).tags if t.startswith(repo)]  # run over
+    finally:
+        for t in client.images.get(C.BASE_IMAGE).tags:
+            if t.startswith(repo):
+                C.remove_image(t)
