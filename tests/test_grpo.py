@@ -236,6 +236,7 @@ def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
 
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_forked_rollout_mask_covers_only_the_recovery_attempts_sampled_tokens(make_task, tiny):
     tok = C.load_tokenizer(tiny)
@@ -271,6 +272,7 @@ def _has_containers() -> bool:
     return bool(C.docker_client().containers.list(all=True, filters=mine))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_task, tiny, tmp_path, capsys):
     coin = "mkdir -p /logs/verifier; echo $((RANDOM % 2)) > /logs/verifier/reward.txt\n"
@@ -355,6 +357,7 @@ def test_failure_states_that_fill_the_context_are_skipped_at_load(make_task, tmp
     assert pool.skipped_long == 1 and "long" not in pool.states
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(make_task, tiny, tmp_path):
     """--mode standard_retry: every failed fresh attempt goes on with the recovery turn in a fork of

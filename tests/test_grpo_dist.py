@@ -34,6 +34,7 @@ def _torchrun(args: list[str], timeout: int = 900) -> subprocess.CompletedProces
 # ── the weight push ─────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
 def test_weight_push_streams_model_dtype_tensors_one_at_a_time_and_writes_no_file(tiny, monkeypatch):
     """The engine gets a generator of (name, one full tensor) in the asked dtype, covering every
     name of the checkpoint; nothing is written to disk; vLLM then samples with exactly those weights."""
@@ -114,6 +115,7 @@ class RecordingEngine:
         self.calls.append("close")
 
 
+@pytest.mark.slow
 def test_each_step_sleeps_trains_wakes_loads_then_rolls_out(tiny, tmp_path, monkeypatch):
     tok, calls = C.load_tokenizer(tiny), []
     prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
@@ -200,6 +202,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_a_rollout_longer_than_the_collective_timeout_still_hands_its_rows_over(tmp_path):
     """...and a signal still stops a rank that waits for a slower one (Ctrl-C cleanup)."""
     script = tmp_path / "handoff.py"
@@ -232,6 +235,7 @@ def _leftovers(task: str, out: Path) -> list[str]:
     return [c["Id"][:12] for c in boxes] + tags
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process(make_task, tiny, tmp_path):
     """Every step: both ranks ran episodes (episodes_by_rank), and the losses and gradient norms

@@ -158,6 +158,7 @@ def make_tasks(make_task, names: list[str]) -> dict[str, C.Task]:
     return tasks
 
 
+@pytest.mark.slow
 def test_oracle_eval_over_two_engines_equals_one_engine(make_task, second_engine, tmp_path):
     make_tasks(make_task, ["a1", "a2", "a3", "stuck1"])
     root = str(tmp_path / "tasks")
@@ -203,6 +204,7 @@ def _failure_states(tasks, path, hosts: str) -> list[C.FailureState]:
     return states
 
 
+@pytest.mark.slow
 def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, second_engine, tmp_path):
     tasks = make_tasks(make_task, ["fix", "stuck"])
     d2 = second_engine.url
@@ -259,6 +261,7 @@ class StopsAnEngine(ScriptedEngine):
         return super().generate(prompts, sampling, seeds)
 
 
+@pytest.mark.slow
 def test_losing_an_engine_mid_step_ends_its_episodes_and_states_only(make_task, second_engine, tmp_path):
     tasks = make_tasks(make_task, ["fix1", "fix2", "fix3", "fix4"])
     d2 = second_engine.url

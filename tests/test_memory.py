@@ -65,6 +65,7 @@ def small_model(layers: int, hidden: int, vocab: int):
     (4, 128, 4096, 512),  # the lm_head chunks peak
     (4, 128, 2048, 1024),  # a block's backward peaks
 ])
+@pytest.mark.slow
 def test_plan_within_20_percent_of_the_measured_cpu_peak(layers, hidden, vocab, tokens):
     """02's own train_step (two micro-batches, activation checkpointing, chunked log-probs, AdamW
     state from a first step) on CPU; its peak, every live tensor counted, against the plan."""
@@ -99,6 +100,7 @@ def test_chunked_log_probs_equal_whole_vocabulary_log_softmax():
     assert all(torch.allclose(chunked[n], p.grad, atol=1e-5) for n, p in model.named_parameters())
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_tiny_writes_every_field(tmp_path):
     """The one-GPU check's own code on CPU: 02 steps and a 04 step, each peak beside the plan's."""
     cmd = [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path)]

@@ -259,12 +259,14 @@ def test_hf_engine(tiny, arch):
     check_engine(engine, common.load_model(tiny[arch]), engine.tokenizer)
 
 
+@pytest.mark.slow
 def test_vllm_engine_qwen3(tiny):
     pytest.importorskip("vllm")
     engine = common.make_engine("vllm", tiny["qwen3"], dtype="float32", max_model_len=1024)
     check_engine(engine, common.load_model(tiny["qwen3"]), engine.tokenizer)
 
 
+@pytest.mark.slow
 def test_vllm_engine_qwen3_5(tiny):
     """vLLM's Qwen3.5 module imports torchvision (PyPI's is a CUDA build that breaks beside
     torch+cpu, so CPU installs remove it) and its CPU linear attention needs bf16."""
@@ -308,6 +310,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_vllm_engine_under_torchrun_syncs_weights(tiny, tmp_path):
     """Under torchrun every rank runs its own in-process engine (vLLM's external launcher on
     torchrun's gloo group); the weights each rank streams in must be the ones it samples with."""

@@ -155,6 +155,7 @@ print(len(traces), len(os.listdir("/proc/self/fd")))
 """
 
 
+@pytest.mark.slow
 def test_two_thousand_rows_tokenise_with_workers_under_256_descriptors(models, tmp_path):
     """Workers hand rows back as numpy arrays: torch tensors would come back as shared memory, one
     open descriptor per row in the parent (a pool of 2,000 rows died under ulimit -n 256)."""
@@ -205,6 +206,7 @@ def test_loss_falls(models, data, tmp_path):
     assert len(ls) == 20 and sum(ls[-3:]) / 3 < 0.5 * sum(ls[:3]) / 3, ls
 
 
+@pytest.mark.slow
 def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_path):
     out = tmp_path / "cli"
     subprocess.run([sys.executable, "02_sft.py", "--data", str(data), "--model", str(models["qwen3_5"]),
@@ -220,6 +222,7 @@ def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_
                        load_file(final / "model.safetensors")["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow
 def test_multimodal_qwen3_5_layout_trains_as_text_lm(data, tmp_path):
     """The released Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration (vision tower, weights
     under model.language_model.*): SFT loads the text LM from them and saves a text-only folder."""
@@ -241,6 +244,7 @@ def test_multimodal_qwen3_5_layout_trains_as_text_lm(data, tmp_path):
     assert torch.equal(C.load_model(final).model.embed_tokens.weight, want)
 
 
+@pytest.mark.slow
 def test_resume_is_exact(models, data, tmp_path):
     # Qwen3 packs (auto): two rows per 1536-token micro-batch.
     flags = ["--max-steps", "5", "--micro-batch-tokens", "1536", "--save-every", "2"]
@@ -253,6 +257,7 @@ def test_resume_is_exact(models, data, tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_the_same_rows_in_another_file_order_give_the_same_run(models, tmp_path):
     """Stage 01 writes rows as its threads finish: a rebuild lists the same rows in another order,
     and the run must not depend on it (the epoch order is drawn over the rows' content order)."""
@@ -268,6 +273,7 @@ def test_the_same_rows_in_another_file_order_give_the_same_run(models, tmp_path)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_with_accumulation_and_resume_equal_one(models, data, tmp_path):
     """2 gloo ranks x --grad-accum 2 with activation checkpointing (model built on the meta device,
     filled from rank 0's read), stopped after a step and resumed, == 1 process x --grad-accum 4."""
@@ -301,6 +307,7 @@ open(f"{sys.argv[1]}.{os.environ['RANK']}", "w").write(json.dumps(found))
 """
 
 
+@pytest.mark.slow
 def test_sharded_gradients_are_reduced_after_every_micro_batch(models, data, tmp_path):
     """Under FSDP each micro-batch's gradient is reduce-scattered into the sharded fp32 gradient at
     once: deferring the sync to the step's last micro-batch would keep an unsharded fp32 gradient
@@ -361,6 +368,7 @@ def test_empty_dataset_and_missing_paths(models, tmp_path):
 # ── vLLM (last: it is the slowest import) ───────────────────────────────────
 
 
+@pytest.mark.slow
 def test_final_folder_loads_in_vllm_and_generates(models, data, tmp_path):
     pytest.importorskip("vllm")
     # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes: use Qwen3.

@@ -76,6 +76,7 @@ def interfaces(env: C.Env) -> set[str]:
     return {ln.split(":")[0].strip() for ln in lines if ":" in ln}
 
 
+@pytest.mark.slow
 @docker
 def test_network_as_harbor_gives_it(make_task):
     on = C.load_task(make_task("net-on", toml=NET_TOML))  # no allow_internet: Harbor's default is on
@@ -89,6 +90,7 @@ def test_network_as_harbor_gives_it(make_task):
         assert interfaces(e) == {"lo"}
 
 
+@pytest.mark.slow
 @docker
 def test_logs_dirs_exist_before_the_first_command_and_docker_timeout_follows_tasks(make_task):
     task = C.load_task(make_task("logs", toml="[agent]\ntimeout_sec = 12000.0\n"))
@@ -100,6 +102,7 @@ def test_logs_dirs_exist_before_the_first_command_and_docker_timeout_follows_tas
         assert C.docker_client().api.timeout >= 12000
 
 
+@pytest.mark.slow
 @docker
 def test_pinned_image_absent_is_an_error_row_and_never_built(make_task, tmp_path):
     pinned = 'docker_image = "reterm-test/no-such-image:never"\nallow_internet = false\n'
@@ -122,6 +125,7 @@ def test_pinned_image_absent_is_an_error_row_and_never_built(make_task, tmp_path
     assert row["image"].startswith("reterm-task/pinned:") and row["image_id"].startswith("sha256:")
 
 
+@pytest.mark.slow
 @docker
 def test_verifier_failing_for_lack_of_network_is_flagged(make_task, tmp_path):
     # TB2's test.sh shape: fetch the test tools, write 0 when that fails, exit normally.
@@ -139,6 +143,7 @@ def test_verifier_failing_for_lack_of_network_is_flagged(make_task, tmp_path):
     assert res["verifier_result"] == {"rewards": {"reward": 0.0}}
 
 
+@pytest.mark.slow
 @docker
 def test_bundled_oracle_run_reads_as_harbor_job(tmp_path):
     out = tmp_path / "ev"
@@ -263,6 +268,7 @@ def custom_row(i: int, instruction: str) -> dict:
     return {"id": f"r{i}", "task_id": "t", "messages": msgs, "train_from_message_index": 6}
 
 
+@pytest.mark.slow
 @docker
 def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
     """02 -> 05 on rows with their own system prompt: the trajectories 05 saves start with it."""
