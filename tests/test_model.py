@@ -1,5 +1,6 @@
 """Agent protocol, token traces/masks, tiny models and the two policy engines."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -271,7 +272,11 @@ def test_vllm_engine_qwen3_5(tiny):
     """vLLM's Qwen3.5 module imports torchvision (PyPI's is a CUDA build that breaks beside
     torch+cpu, so CPU installs remove it) and its CPU linear attention needs bf16."""
     pytest.importorskip("vllm")
-    pytest.importorskip("torchvision")
+    if importlib.util.find_spec("torchvision") is None:
+        pytest.skip("no torchvision: vLLM's only Qwen3_5ForCausalLM (vllm/model_executor/models/qwen3_5.py) "
+                    "imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which imports "
+                    "torchvision; PyPI's torchvision is a CUDA build that breaks beside torch+cpu, so CPU "
+                    "installs remove it, and vLLM has no text-only Qwen3.5 class without it")
     engine = common.make_engine("vllm", tiny["qwen3_5"], dtype="bfloat16", max_model_len=1024)
     model, prompt = common.load_model(tiny["qwen3_5"]), prompts_for(engine.tokenizer)[0]
     g = engine.generate([prompt], common.SamplingConfig(max_tokens=8, seed=0))[0]
@@ -280,6 +285,7 @@ def test_vllm_engine_qwen3_5(tiny):
 
 
 _TORCHRUN_ENGINE = """
+import importlib.util
 import sys
 import torch
 sys.path.insert(0, {root!r})
