@@ -588,7 +588,8 @@ def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_i
     keys += ["is_weight"] if cfg.is_cap > 0 else []  # only when one is applied
     tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
     n = max(tot["tokens"], 1)
-    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
+    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"]),
+                                           "train_tokens_by_rank": C.all_gather_objects(int(acc["tokens"]))}
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────

@@ -238,8 +238,9 @@ def _leftovers(task: str, out: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process(make_task, tiny, tmp_path):
-    """Every step: both ranks ran episodes (episodes_by_rank), and the losses and gradient norms
-    equal a 1-process replay of the same rows (the rows each step trained on are saved)."""
+    """Every step: both ranks ran episodes (episodes_by_rank) and trained rows of their own (one row
+    per micro-batch, two minibatches: the token normaliser spans both ranks), and the losses and
+    gradient norms equal a 1-process replay of the same rows (each step's rows are saved)."""
     pytest.importorskip("vllm")
     name = "grpodist36"  # a verifier that mixes rewards inside a group (the tiny model never passes a task)
     task = C.load_task(make_task(name, test=COIN))
@@ -247,7 +248,8 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
     args = ["04_reterm_grpo.py", "--model", str(tiny), "--out", str(out), "--tasks", str(task.path.parent),
             "--fresh-frac", "0.5", "--batch-states", "2", "--group-size", "4", "--max-tokens", "16",
             "--max-turns", "2", "--max-context", "2048", "--engine", "vllm", "--dtype", "float32",
-            "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows"]
+            "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows",
+            "--micro-tokens", "1", "--updates", "2"]  # a micro-batch per row: both ranks get rows
     try:
         r = _torchrun(args + ["--steps", "2", "--keep-pool"])  # the pool's images stay for the resume
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
@@ -280,6 +282,8 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
             continue
         stats = G.train_on_batch(model, opt, [G.Row(t, a) for t, a in saved], cfg, torch.device("cpu"),
                                  tok.pad_token_id, step=x["step"])
+        assert len(saved) >= 4 and min(x["train_tokens_by_rank"]) > 0, x  # 2 rows per minibatch at least
+        assert sum(x["train_tokens_by_rank"]) == x["train_tokens"] == stats["train_tokens"]
         assert stats["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], stats, x)
         assert stats["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4, abs=1e-6)
         assert stats["nll"] == pytest.approx(x["nll"], abs=1e-5)  # the policy before this step's update
