@@ -67,6 +67,7 @@ def test_no_network_inside(env):
     assert "connected" not in r.output
 
 
+@pytest.mark.slow
 def test_snapshot_fork_keeps_state_and_isolates_forks(env):
     env.bash("cd /tmp && export STAGE=half && echo progress > /app/partial.txt")
     snap = env.snapshot()
@@ -91,6 +92,7 @@ def test_snapshot_fork_keeps_state_and_isolates_forks(env):
         C.remove_image(snap)
 
 
+@pytest.mark.slow
 def test_verify_rewards_and_errors(make_task):
     task = C.load_task(make_task("v1"))
     with C.start_env(task) as e:

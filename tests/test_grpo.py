@@ -224,6 +224,7 @@ def test_the_trainer_scores_tokens_at_the_rollout_temperature(tiny):
         assert (abs(stats["is_weight"] - 1) < 1e-4) == matches, (temp, stats)
 
 
+@pytest.mark.slow
 def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
     up = _bandit(tiny, +1.0)
     down = _bandit(tiny, -1.0)

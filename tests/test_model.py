@@ -254,7 +254,7 @@ def check_engine(engine, model, tok):
     assert g.ids == [tok.eos_token_id] and g.finish_reason == "stop" and g.logprobs[0] > -1e-3
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3"])
+@pytest.mark.parametrize("arch", [pytest.param("qwen3_5", marks=pytest.mark.slow), "qwen3"])
 def test_hf_engine(tiny, arch):
     engine = common.make_engine("hf", tiny[arch])
     check_engine(engine, common.load_model(tiny[arch]), engine.tokenizer)
