@@ -284,56 +284,6 @@ def test_vllm_engine_qwen3_5(tiny):
     assert (torch.tensor(g.logprobs) - reference_logprobs(model, prompt, g.ids)).abs().max() <= 0.1
 
 
-_TORCHRUN_ENGINE = """
-import importlib.util
-import sys
-import torch
-sys.path.insert(0, {root!r})
-import common as C
-
-
-def main():
-    rank, world, _ = C.init_distributed()
-    # every rank its own engine (vLLM's external launcher) and its own perturbation of the weights
-    engine = C.VLLMEngine({model!r}, dtype="float32", max_model_len=512, seed=rank)
-    model = C.load_model({model!r})
-    torch.manual_seed(rank)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    engine.update_weights((n, t) for n, t in model.state_dict().items())
-    prompt = [5, 6, 7, 8]
-    (g,) = engine.generate([prompt], C.SamplingConfig(temperature=1.0, max_tokens=6, seed=1))
-    ids = torch.tensor([prompt + g.ids])
-    with torch.no_grad():
-        logp = model(ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
-    ref = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]
-    print("MAXDIFF", rank, (torch.tensor(g.logprobs) - ref).abs().max().item(), flush=True)
-    C.teardown_distributed(engine)
-
-if __name__ == "__main__":
-    main()
-"""
-
-
-@pytest.mark.slow
-def test_vllm_engine_under_torchrun_syncs_weights(tiny, tmp_path):
-    """Under torchrun every rank runs its own in-process engine (vLLM's external launcher on
-    torchrun's gloo group); the weights each rank streams in must be the ones it samples with."""
-    pytest.importorskip("vllm")
-    import subprocess
-
-    script = tmp_path / "engine.py"
-    script.write_text(_TORCHRUN_ENGINE.format(root=str(Path(__file__).resolve().parents[1]),
-                                              model=str(tiny["qwen3"])))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        str(script)], capture_output=True, text=True, timeout=600)
-    lines = [x.split() for x in r.stdout.splitlines() if x.startswith("MAXDIFF")]
-    ranks = sorted(x[1] for x in lines)
-    assert r.returncode == 0 and ranks == ["0", "1"], r.stdout[-2000:] + r.stderr[-3000:]
-    assert all(float(x[2]) <= 1e-4 for x in lines), lines
-
-
 def test_missing_vllm_and_bad_paths_are_one_line_errors(tiny, tmp_path, monkeypatch):
     import subprocess
 
