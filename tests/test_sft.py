@@ -199,6 +199,7 @@ def test_packed_rows_see_only_themselves(models):
         assert torch.allclose(padded[1, :12], alone[7:19], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_loss_falls(models, data, tmp_path):
     out = tmp_path / "run"
     run(data, models["qwen3_5"], out, "--max-steps", "20", "--lr", "1e-2", "--activation-checkpointing")
