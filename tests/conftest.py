@@ -78,6 +78,19 @@ def docker_ready() -> None:
         pytest.skip(f"no Docker engine: {e}")
 
 
+@pytest.fixture(scope="session")
+def vllm_ready():
+    """vLLM, for a test that needs it. Without it the test skips with the reason — except under
+    CI=true, where a missing vLLM is a failure."""
+    try:
+        import vllm
+    except ImportError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs vLLM: {e}")
+        pytest.skip(f"no vLLM: {e}")
+    return vllm
+
+
 def write_task(root: Path, name: str, *, solve: str = "echo ok > /app/out.txt",
                test: str | None = None, toml: str | None = None, dockerfile: str | None = None,
                instruction: str = "Write ok to /app/out.txt.") -> Path:

@@ -35,10 +35,10 @@ def _torchrun(args: list[str], timeout: int = 900) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_ready")
 def test_weight_push_streams_model_dtype_tensors_one_at_a_time_and_writes_no_file(tiny, monkeypatch):
     """The engine gets a generator of (name, one full tensor) in the asked dtype, covering every
     name of the checkpoint; nothing is written to disk; vLLM then samples with exactly those weights."""
-    pytest.importorskip("vllm")
     from safetensors import safe_open
 
     with safe_open(str(tiny / "model.safetensors"), "pt") as f:
@@ -237,11 +237,11 @@ def _leftovers(task: str, out: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
+@pytest.mark.usefixtures("vllm_ready")
 def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process(make_task, tiny, tmp_path):
     """Every step: both ranks ran episodes (episodes_by_rank) and trained rows of their own (one row
     per micro-batch, two minibatches: the token normaliser spans both ranks), and the losses and
     gradient norms equal a 1-process replay of the same rows (each step's rows are saved)."""
-    pytest.importorskip("vllm")
     name = "grpodist36"  # a verifier that mixes rewards inside a group (the tiny model never passes a task)
     task = C.load_task(make_task(name, test=COIN))
     out = tmp_path / "grpo"

@@ -261,17 +261,17 @@ def test_hf_engine(tiny, arch):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_ready")
 def test_vllm_engine_qwen3(tiny):
-    pytest.importorskip("vllm")
     engine = common.make_engine("vllm", tiny["qwen3"], dtype="float32", max_model_len=1024)
     check_engine(engine, common.load_model(tiny["qwen3"]), engine.tokenizer)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_ready")
 def test_vllm_engine_qwen3_5(tiny):
     """vLLM's Qwen3.5 module imports torchvision (PyPI's is a CUDA build that breaks beside
     torch+cpu, so CPU installs remove it) and its CPU linear attention needs bf16."""
-    pytest.importorskip("vllm")
     if importlib.util.find_spec("torchvision") is None:
         pytest.skip("no torchvision: vLLM's only Qwen3_5ForCausalLM (vllm/model_executor/models/qwen3_5.py) "
                     "imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which imports "

@@ -370,8 +370,8 @@ def test_empty_dataset_and_missing_paths(models, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_ready")
 def test_final_folder_loads_in_vllm_and_generates(models, data, tmp_path):
-    pytest.importorskip("vllm")
     # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes: use Qwen3.
     final = run(data, models["qwen3"], tmp_path / "run", "--max-steps", "2")
     engine = C.VLLMEngine(final, dtype="float32", max_model_len=1024)
