@@ -537,7 +537,8 @@ def _to(b: dict, device) -> dict:
 def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
     """Per-token diagnostics, summed over trained tokens (divided by their count after all ranks):
     ppo_ratio is π_θ / π_old (exactly 1 with --updates 1); is_weight, the truncated importance
-    weight min(π_old / π_engine, --is-cap), only when one is applied (--is-cap > 0)."""
+    weight min(π_old / π_engine, --is-cap), only when one is applied (--is-cap > 0); ref_kl, the k3 KL
+    of π_θ to the frozen reference, only with one (--kl-beta > 0)."""
     ratio = torch.exp(logp - old)
     adv = b["adv"][:, None].expand_as(ratio)
     clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
@@ -545,6 +546,8 @@ def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
                "mismatch_kl": k3_kl(b["engine_logp"], old), "ppo_ratio": ratio}
     if w is not None:
         per_tok["is_weight"] = w
+    if "ref" in b:
+        per_tok["ref_kl"] = k3_kl(logp, b["ref"])
     return {k: torch.where(mask, v.float(), 0.0).sum().item() for k, v in per_tok.items()}
 
 
@@ -586,6 +589,7 @@ def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_i
         acc["grad_norm"] += float(gnorm) / len(minibatches)
     keys = ["loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "ppo_ratio"]
     keys += ["is_weight"] if cfg.is_cap > 0 else []  # only when one is applied
+    keys += ["ref_kl"] if ref_model is not None else []
     tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
     n = max(tot["tokens"], 1)
     return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"]),

@@ -479,3 +479,73 @@ def test_fork_resume_restores_the_checkpoints_pool_removes_orphans_and_records_e
         for t in client.images.get(C.BASE_IMAGE).tags:
             if t.startswith(repo):
                 C.remove_image(t)
+
+
+# ── main's loop with the rollouts replaced and the update real: --kl-beta, final/ ──
+
+
+def _fixed_rows_main(monkeypatch, tok) -> list:
+    """Stage 04's main with every step's rollouts replaced by the same four rows (advantages ±1,
+    three sampled tokens each) and an engine that takes the pushed weights; the update is real."""
+    prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
+    rows = []
+    for i, adv in enumerate([1.0, -1.0, 1.0, -1.0]):
+        trace = C.TokenTrace()
+        trace.add_context(prompt)
+        trace.add_sampled([100 + i, 200 + i, 300 + i], [-1.0] * 3, trained=True)
+        rows.append(G.Row(trace, adv))
+    metrics = {"reward": 0.5, "recovery": None, "groups": 1, "groups_dropped": 0, "episodes_by_rank": [4],
+               "env_steps": 4}
+    monkeypatch.setattr(G, "rollout_step", lambda *a: (rows, dict(metrics)))
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: types.SimpleNamespace(
+        sleep=lambda: None, wake_weights=lambda: None, wake_kv=lambda: None,
+        update_weights=lambda weights: list(weights), close=lambda: None))
+    return rows
+
+
+def _ref_kl_by_hand(policy, ref, rows) -> float:
+    """Mean over the trained tokens of k3 = exp(ref - logp) - (ref - logp) - 1, from the two models'
+    logits (temperature 1), one row at a time."""
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            ids = torch.tensor([r.trace.ids])
+            lp, lr = (m(ids).logits[0, :-1].float().log_softmax(-1) for m in (policy, ref))
+            pos = [t - 1 for t, m in enumerate(r.trace.mask) if m]
+            nxt = ids[0, 1:]
+            d = torch.stack([lr[p, nxt[p]] - lp[p, nxt[p]] for p in pos])
+            total, n = total + (d.exp() - d - 1).sum().item(), n + len(pos)
+    return total / n
+
+
+@pytest.mark.slow
+def test_kl_beta_uses_the_start_model_as_reference_and_final_is_the_last_checkpoint(
+        monkeypatch, make_task, tiny, tmp_path):
+    """--kl-beta 0.5 on fixed rows whose advantages cancel (no IS weight): the loss is 0.5 · ref_kl. Step 1's
+    policy is the reference (KL 0); step 2 (resumed from step 1's checkpoint) logs the KL of step 1's
+    weights to the start model, by hand. final/ holds the last checkpoint's weights, not the start's.
+    Without --kl-beta no reference is loaded and no ref_kl is logged."""
+    tok, start = C.load_tokenizer(tiny), C.load_model(tiny)
+    rows = _fixed_rows_main(monkeypatch, tok)
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--out", str(out), "--tasks", str(make_task().parent), "--mode", "standard",
+            "--engine", "hf", "--lr", "1e-2", "--temperature", "1.0", "--is-cap", "0", "--save-every", "1"]
+    G.main(args + ["--kl-beta", "0.5", "--steps", "1"])
+    after1 = C.load_model(out / "final")
+    G.main(args + ["--kl-beta", "0.5", "--steps", "2"])
+    m1, m2 = C.read_jsonl(out / "metrics.jsonl")
+    assert m1["ref_kl"] == pytest.approx(0.0, abs=1e-7) and m1["loss"] == pytest.approx(0.0, abs=1e-6)
+    assert m2["ref_kl"] > 1e-4, m2
+    assert m2["ref_kl"] == pytest.approx(_ref_kl_by_hand(after1, start, rows), rel=1e-3)
+    assert m2["loss"] == pytest.approx(0.5 * m2["ref_kl"], rel=1e-3)
+    final, ckpt = C.load_model(out / "final"), C.load_model(tiny)
+    C.load_checkpoint(out / "ckpt", ckpt, torch.optim.AdamW(ckpt.parameters()))
+    fsd, csd, ssd = final.state_dict(), ckpt.state_dict(), start.state_dict()
+    assert fsd.keys() == csd.keys() and all(torch.equal(fsd[k], csd[k]) for k in fsd)
+    assert any(not torch.equal(fsd[k], ssd[k]) for k in fsd)
+    assert not all(torch.equal(fsd[k], after1.state_dict()[k]) for k in fsd)  # step 2 moved it on
+
+    loaded = []
+    monkeypatch.setattr(C, "load_model_sharded", lambda *a, **k: loaded.append(a) or C.load_model(tiny))
+    G.main(args + ["--out", str(tmp_path / "nokl"), "--steps", "1"])
+    assert len(loaded) == 1 and "ref_kl" not in C.read_jsonl(tmp_path / "nokl" / "metrics.jsonl")[0]
