@@ -1,5 +1,6 @@
 """Stage 04: the GRPO math against hand-computed numbers, the forked-rollout mask, a learning
-test on a synthetic verifiable reward, and one end-to-end step with real forks that resumes."""
+test on a synthetic verifiable reward, one end-to-end step with real forks that resumes, main's loop
+(budget, resume, --kl-beta, final/) with its rollouts replaced, and --verify-fresh in real containers."""
 
 from __future__ import annotations
 
@@ -549,3 +550,37 @@ def test_kl_beta_uses_the_start_model_as_reference_and_final_is_the_last_checkpo
     monkeypatch.setattr(C, "load_model_sharded", lambda *a, **k: loaded.append(a) or C.load_model(tiny))
     G.main(args + ["--out", str(tmp_path / "nokl"), "--steps", "1"])
     assert len(loaded) == 1 and "ref_kl" not in C.read_jsonl(tmp_path / "nokl" / "metrics.jsonl")[0]
+
+
+# ── --verify-fresh through 04's rollouts ──
+
+LOOP = "nohup sh -c 'while :; do echo ok > /app/out.txt; sleep 0.05; done' >/dev/null 2>&1 &"
+RESET_THEN_READ = """\
+mkdir -p /logs/verifier
+echo bad > /app/out.txt; sleep 1
+r=0; [ "$(cat /app/out.txt)" = ok ] && r=1
+echo $r > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_ready")
+def test_verify_fresh_verifies_04s_rollouts_where_no_agent_process_is_left(make_task, tiny):
+    """The agent leaves a loop that writes the answer; the verifier resets it and reads it a second
+    later. Verified in the attempt's own container the loop forges a pass; with --verify-fresh,
+    in a fresh fork of it, the loop is gone and the attempt fails."""
+    task = C.load_task(make_task("forge", test=RESET_THEN_READ))
+    tok = C.load_tokenizer(tiny)
+    rewards = {}
+    with C.env_session():
+        for flag in ([], ["--verify-fresh"]):
+            cfg = C.parse_config(G.Config, ["--model", str(tiny), "--out", "o", "--mode", "standard",
+                                            "--batch-states", "1", "--group-size", "1", "--max-turns", "2",
+                                            *flag])
+            _, rcfg = G.rollout_settings(cfg)
+            engine = ScriptedEngine(tok, [call(LOOP), "Done."])
+            groups, stats, _ = G.collect(1, cfg, G.Pool(cfg.floor), {task.name: task}, engine, rcfg)
+            (ep,) = groups[0].episodes
+            assert ep.error is None and stats["env_errors"] == 0, ep.error
+            rewards[bool(flag)] = ep.reward
+    assert rewards == {False: 1.0, True: 0.0}
