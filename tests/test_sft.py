@@ -371,10 +371,21 @@ def test_empty_dataset_and_missing_paths(models, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("vllm_ready")
-def test_final_folder_loads_in_vllm_and_generates(models, data, tmp_path):
+def test_final_folder_loads_in_vllm_and_its_logprobs_are_the_trained_models(models, data, tmp_path):
+    """vLLM's log-probs of what it samples from final/ equal the trained weights' (transformers'
+    forward on final/), and not the start model's."""
     # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes: use Qwen3.
     final = run(data, models["qwen3"], tmp_path / "run", "--max-steps", "2")
     engine = C.VLLMEngine(final, dtype="float32", max_model_len=1024)
     prompt = C.render_ids(engine.tokenizer, C.initial_messages(INSTRUCTION), add_generation_prompt=True)
-    (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=0, max_tokens=8))
+    (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=1.0, max_tokens=8, seed=3))
     assert 1 <= len(gen.ids) <= 8 and len(gen.logprobs) == len(gen.ids)
+
+    def logprobs(model_dir: Path) -> torch.Tensor:
+        with torch.no_grad():
+            logits = C.load_model(model_dir)(torch.tensor([prompt + gen.ids])).logits[0, len(prompt) - 1: -1]
+        return logits.float().log_softmax(-1).gather(-1, torch.tensor(gen.ids)[:, None])[:, 0]
+
+    vllm_lp = torch.tensor(gen.logprobs)
+    assert (vllm_lp - logprobs(final)).abs().max() <= 1e-4
+    assert (vllm_lp - logprobs(models["qwen3"])).abs().max() > 1e-2  # SFT moved them
