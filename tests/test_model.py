@@ -264,7 +264,10 @@ def test_hf_engine(tiny, arch):
 @pytest.mark.usefixtures("vllm_ready")
 def test_vllm_engine_qwen3(tiny):
     engine = common.make_engine("vllm", tiny["qwen3"], dtype="float32", max_model_len=1024)
-    check_engine(engine, common.load_model(tiny["qwen3"]), engine.tokenizer)
+    try:
+        check_engine(engine, common.load_model(tiny["qwen3"]), engine.tokenizer)
+    finally:  # shut down: a later in-process vLLM engine fails to start while this one lives
+        engine.close()
 
 
 @pytest.mark.slow
@@ -279,7 +282,10 @@ def test_vllm_engine_qwen3_5(tiny):
                     "installs remove it, and vLLM has no text-only Qwen3.5 class without it")
     engine = common.make_engine("vllm", tiny["qwen3_5"], dtype="bfloat16", max_model_len=1024)
     model, prompt = common.load_model(tiny["qwen3_5"]), prompts_for(engine.tokenizer)[0]
-    g = engine.generate([prompt], common.SamplingConfig(max_tokens=8, seed=0))[0]
+    try:
+        g = engine.generate([prompt], common.SamplingConfig(max_tokens=8, seed=0))[0]
+    finally:
+        engine.close()
     assert len(g.ids) == 8
     assert (torch.tensor(g.logprobs) - reference_logprobs(model, prompt, g.ids)).abs().max() <= 0.1
 

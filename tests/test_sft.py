@@ -378,7 +378,10 @@ def test_final_folder_loads_in_vllm_and_its_logprobs_are_the_trained_models(mode
     final = run(data, models["qwen3"], tmp_path / "run", "--max-steps", "2")
     engine = C.VLLMEngine(final, dtype="float32", max_model_len=1024)
     prompt = C.render_ids(engine.tokenizer, C.initial_messages(INSTRUCTION), add_generation_prompt=True)
-    (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=1.0, max_tokens=8, seed=3))
+    try:
+        (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=1.0, max_tokens=8, seed=3))
+    finally:  # shut down: a later in-process vLLM engine fails to start while this one lives
+        engine.close()
     assert 1 <= len(gen.ids) <= 8 and len(gen.logprobs) == len(gen.ids)
 
     def logprobs(model_dir: Path) -> torch.Tensor:
