@@ -355,6 +355,17 @@ def _gc_orphans(out: Path, pool: Pool) -> None:
     _write_live(out, pool)
 
 
+def _forget_steps_after(out: Path, step: int) -> None:
+    """On resume: metrics.jsonl keeps its records up to the checkpoint's step; the steps after it
+    (recorded before the run stopped, never checkpointed) run again and are recorded again."""
+    path = out / "metrics.jsonl"
+    if path.exists():
+        kept = [r for r in C.read_jsonl(path) if r["step"] <= step]
+        tmp = path.with_suffix(".tmp")  # a crash while rewriting leaves the old file whole
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept))
+        tmp.replace(path)
+
+
 # ── rollouts ──────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -538,7 +549,8 @@ def _to(b: dict, device) -> dict:
 def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
     """Per-token diagnostics, summed over trained tokens (divided by their count after all ranks):
     ppo_ratio is π_θ / π_old (exactly 1 with --updates 1); is_weight, the truncated importance
-    weight min(π_old / π_engine, --is-cap), only when one is applied (--is-cap > 0)."""
+    weight min(π_old / π_engine, --is-cap), only when one is applied (--is-cap > 0); ref_kl, the k3 KL
+    of π_θ to the frozen reference, only with one (--kl-beta > 0)."""
     ratio = torch.exp(logp - old)
     adv = b["adv"][:, None].expand_as(ratio)
     clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
@@ -546,6 +558,8 @@ def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
                "mismatch_kl": k3_kl(b["engine_logp"], old), "ppo_ratio": ratio}
     if w is not None:
         per_tok["is_weight"] = w
+    if "ref" in b:
+        per_tok["ref_kl"] = k3_kl(logp, b["ref"])
     return {k: torch.where(mask, v.float(), 0.0).sum().item() for k, v in per_tok.items()}
 
 
@@ -587,9 +601,11 @@ def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_i
         acc["grad_norm"] += float(gnorm) / len(minibatches)
     keys = ["loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "ppo_ratio"]
     keys += ["is_weight"] if cfg.is_cap > 0 else []  # only when one is applied
+    keys += ["ref_kl"] if ref_model is not None else []
     tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
     n = max(tot["tokens"], 1)
-    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"])}
+    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"]),
+                                           "train_tokens_by_rank": C.all_gather_objects(int(acc["tokens"]))}
 
 
 # ── main ──────────────────────────────────────────────────────────────────────────────────────────
@@ -617,16 +633,24 @@ def rollout_settings(cfg: Config, world: int = 1) -> tuple[C.Scaffold, C.Rollout
     return scaffold, dataclasses.replace(rcfg, verify_fresh=cfg.verify_fresh)
 
 
+def rank_slots(slots: int, rank: int, world: int) -> int:
+    """This rank's share of a Docker engine's container slots: the shares differ by at most one and
+    add up to the engine's slots (a rank gets at least one, so with fewer slots than ranks, more)."""
+    return max(1, slots // world + (rank < slots % world))
+
+
 def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, rank: int, world: int):
     """Every rank: its share of each Docker engine's slots and its own inference engine (seeded
     by rank: the ranks sample differently). Rank 0 also owns the pool (resumed, or from stage 03)."""
     for h in C.use_docker_hosts(cfg.docker_hosts).hosts:
-        h.slots = max(1, h.slots // world + (rank < h.slots % world))
+        h.slots = rank_slots(h.slots, rank, world)
     pool = None
     if rank == 0:
         pool = (Pool(cfg.floor, cfg.pool_weight, **extra["pool"]) if extra
                 else init_pool(cfg, out, tasks, tok, rcfg))
         _gc_orphans(out, pool)
+        if extra:
+            _forget_steps_after(out, extra["step"])
         if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
             raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
                               "tasks, or their snapshot images are gone); collect some with stage 03, or "

@@ -22,6 +22,49 @@ sys.path.insert(0, str(ROOT / "bench"))  # batch_rollouts: the tests' and benchm
 import common as C  # noqa: E402
 
 
+def _docker_missing() -> str | None:
+    """Why docker_ready will skip here (None: an engine answers, or root on Debian can start one)."""
+    try:
+        docker.from_env(timeout=3).ping()
+        return None
+    except Exception:
+        if os.geteuid() == 0 and shutil.which("apt-get"):
+            return None  # docker_up installs and starts dockerd
+        return "no Docker engine answers and this is not root on Debian (start dockerd or set DOCKER_HOST)"
+
+
+def _second_engine_missing() -> str | None:
+    if os.geteuid() != 0 or not shutil.which("dockerd"):
+        return "a second Docker engine needs root and dockerd"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test that needs the Docker engine carries the `docker` marker (-m "not docker")."""
+    for item in items:
+        if "docker_ready" in item.fixturenames:
+            item.add_marker(pytest.mark.docker)
+
+
+def pytest_collection_finish(session) -> None:
+    """Outside CI, one line up front when Docker (or root, for the second engine) is missing: how
+    many of the selected tests will skip, and why. Under CI=true those tests fail instead."""
+    if os.environ.get("CI") == "true":
+        return
+    docker_why, second_why = _docker_missing(), _second_engine_missing()
+    skip = {}
+    for item in session.items:
+        if docker_why and "docker_ready" in item.fixturenames:
+            skip[item.nodeid] = docker_why
+        elif second_why and "second_engine" in item.fixturenames:
+            skip[item.nodeid] = second_why
+    if skip:
+        why = "; ".join(dict.fromkeys(skip.values()))
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"NOTE: {len(skip)} of {len(session.items)} tests will skip: {why}. CI=true makes them fail.")
+
+
 @pytest.fixture(scope="session")
 def docker_ready() -> None:
     """Engine up + base image present. Without one, docker tests skip with the reason —
@@ -33,6 +76,19 @@ def docker_ready() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI needs a Docker engine: {e}")
         pytest.skip(f"no Docker engine: {e}")
+
+
+@pytest.fixture(scope="session")
+def vllm_ready():
+    """vLLM, for a test that needs it. Without it the test skips with the reason — except under
+    CI=true, where a missing vLLM is a failure."""
+    try:
+        import vllm
+    except ImportError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs vLLM: {e}")
+        pytest.skip(f"no vLLM: {e}")
+    return vllm
 
 
 def write_task(root: Path, name: str, *, solve: str = "echo ok > /app/out.txt",

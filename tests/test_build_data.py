@@ -33,6 +33,7 @@ def oracle_data(docker_ready, tmp_path_factory):
     return out, C.read_jsonl(out)
 
 
+@pytest.mark.slow
 def test_oracle_rows_cover_tasks_and_follow_the_schema(oracle_data):
     out, rows = oracle_data
     tasks = C.load_tasks(ROOT / "tasks")
@@ -62,6 +63,7 @@ def test_oracle_rows_cover_tasks_and_follow_the_schema(oracle_data):
     assert sum(stats["by_error_category"].values()) == len(rows)
 
 
+@pytest.mark.slow
 def test_recovery_commands_replayed_in_a_fork_of_a_fresh_failure_pass(oracle_data):
     _, rows = oracle_data
     row = next(r for r in rows if r["meta"]["fault_kind"] != "stop")
@@ -79,6 +81,7 @@ def test_recovery_commands_replayed_in_a_fork_of_a_fresh_failure_pass(oracle_dat
             assert env.verify().reward == 1.0
 
 
+@pytest.mark.slow
 def test_resume_keeps_rows_and_adds_only_new_faults(oracle_data, tmp_path):
     _, rows = oracle_data
     name = rows[0]["task_id"]
@@ -109,6 +112,7 @@ def test_split_steps_and_faults():
     assert all(f.commands != [c for _, c in steps] for f in faults)
 
 
+@pytest.mark.slow
 def test_input_fault_reads_a_sibling_file_and_its_recovery_verifies(docker_ready, tmp_path):
     """The `input` fault: a step reads another existing file of the same folder (the mix-up a policy
     that copies the wrong argument makes); the oracle's recovery redoes the step on the right one."""
@@ -181,6 +185,7 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_openai_teacher_with_a_local_server(docker_ready, make_task, tmp_path):
     task_dir = make_task("api")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
@@ -227,6 +232,7 @@ class ScriptedEngine:
         return gens
 
 
+@pytest.mark.slow
 def test_policy_teacher_recovers_student_failures(docker_ready, make_task, tmp_path, monkeypatch):
     task_dir = make_task("pol")
     monkeypatch.setattr(C, "make_engine", lambda kind, path, **kw: ScriptedEngine())
@@ -330,6 +336,7 @@ def test_import_refuses_bad_files_leaving_nothing(tmp_path, text, message):
     assert "\n" not in str(e.value) and not (tmp_path / "sub").exists()
 
 
+@pytest.mark.slow
 def test_oracle_makes_the_smallest_repair_that_passes(docker_ready, tmp_path):
     """The recovery redoes the faulty step alone when that passes (later steps keep their work), and
     falls back to more only when it does not: a dropped first step whose absence the later steps

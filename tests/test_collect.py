@@ -16,7 +16,7 @@ from conftest import ROOT
 import common as C
 
 M = importlib.import_module("03_collect_failures")
-pytestmark = pytest.mark.usefixtures("docker_ready")
+pytestmark = [pytest.mark.usefixtures("docker_ready"), pytest.mark.slow]
 RECORD_KEYS = {f.name for f in dataclasses.fields(C.FailureState)}
 
 

@@ -67,6 +67,7 @@ def test_no_network_inside(env):
     assert "connected" not in r.output
 
 
+@pytest.mark.slow
 def test_snapshot_fork_keeps_state_and_isolates_forks(env):
     env.bash("cd /tmp && export STAGE=half && echo progress > /app/partial.txt")
     snap = env.snapshot()
@@ -91,6 +92,7 @@ def test_snapshot_fork_keeps_state_and_isolates_forks(env):
         C.remove_image(snap)
 
 
+@pytest.mark.slow
 def test_verify_rewards_and_errors(make_task):
     task = C.load_task(make_task("v1"))
     with C.start_env(task) as e:
@@ -124,6 +126,7 @@ def test_verify_rewards_and_errors(make_task):
     assert v.reward == 0.0 and not C.is_infra_error(v.error) and "could not put the tests" in v.error, v
 
 
+@pytest.mark.slow
 def test_eval_oracle_null_and_resume(make_task, tmp_path):
     ev = __import__("importlib").import_module("05_eval_tb2")
     make_task("a")
@@ -140,6 +143,7 @@ def test_eval_oracle_null_and_resume(make_task, tmp_path):
     assert not labelled(**{"reterm.run": C.RUN_ID})
 
 
+@pytest.mark.slow
 def test_sigint_leaves_nothing_behind(make_task, tmp_path):
     make_task("hang", solve="sleep 1000")
     cmd = [sys.executable, str(ROOT / "05_eval_tb2.py"), "--tasks", str(tmp_path / "tasks"),
@@ -158,6 +162,7 @@ def test_sigint_leaves_nothing_behind(make_task, tmp_path):
     assert not labelled(**{"reterm.task": "hang"}), p.stdout.read().decode()[-2000:]
 
 
+@pytest.mark.slow
 def test_env_is_thread_safe_under_concurrency(make_task):
     task = C.load_task(make_task("conc"))
 

@@ -1,12 +1,15 @@
 """Stage 04: the GRPO math against hand-computed numbers, the forked-rollout mask, a learning
-test on a synthetic verifiable reward, and one end-to-end step with real forks that resumes."""
+test on a synthetic verifiable reward, one end-to-end step with real forks that resumes, main's loop
+(budget, resume, --kl-beta, final/) with its rollouts replaced, and --verify-fresh in real containers."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib
 import math
+import types
 
 import batch_rollouts as R
 import pytest
@@ -76,6 +79,59 @@ def test_k3_and_truncated_importance_weight():
     assert G.k3_kl(torch.tensor([0.0]), torch.tensor([math.log(2)])).item() == pytest.approx(1 - math.log(2))
     w = G.truncated_is_weight(torch.tensor([math.log(3), math.log(1.5)]), torch.zeros(2), cap=2.0)
     assert torch.allclose(w, torch.tensor([2.0, 1.5]))
+
+
+def _ep(reward: float, token: int, error: str | None = None) -> C.Episode:
+    """A finished attempt by hand: one sampled token (its id names the row), a reward, maybe an error."""
+    trace = C.TokenTrace()
+    trace.add_sampled([token], [-0.5], trained=True)
+    return C.Episode(task=None, messages=[], trace=trace, reward=reward, error=error, turns=1)
+
+
+def _rollout_step(monkeypatch, groups: list, *argv: str):
+    """Stage 04's rollout_step (collect → drop uniform → metrics → rows) on hand-built groups: only
+    run_groups, the containers and the engine, is replaced."""
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--batch-states", str(len(groups)), *argv])
+    monkeypatch.setattr(G, "run_groups", lambda plan, *a: (groups, {"env_steps": 0}))
+    return G.rollout_step(1, cfg, G.Pool(cfg.floor), {"t": None}, None, None)
+
+
+def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry_goes(monkeypatch):
+    """Each failed attempt and its recovery are one sample with the recovery's reward; both rows
+    carry that sample's advantage. Recovery rewards [1, 0] (unbiased std 1/√2): ±1/√2 on both rows of
+    each pair. A sample whose recovery hit an environment error is dropped before the advantages."""
+    a = G.Group("fresh", "t", "fresh", [_ep(0, 1), _ep(0, 3), _ep(0, 5)], "t",
+                retries=[_ep(1, 2), _ep(0, 4), _ep(0, 6, error="exec failed")])
+    b = G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t", retries=[None, _ep(0, 9)])
+    rows, metrics = _rollout_step(monkeypatch, [a, b], "--mode", "standard_retry")  # --adv-std (default)
+    h = 1 / math.sqrt(2)
+    assert [(r.trace.ids[0], r.adv) for r in rows] == [
+        (1, pytest.approx(h, abs=1e-5)), (2, pytest.approx(h, abs=1e-5)),  # failed → recovered: +
+        (3, pytest.approx(-h, abs=1e-5)), (4, pytest.approx(-h, abs=1e-5)),  # failed → failed again: −
+        (7, pytest.approx(h, abs=1e-5)),  # passed at once: no recovery, one row
+        (8, pytest.approx(-h, abs=1e-5)), (9, pytest.approx(-h, abs=1e-5))]
+    assert metrics["env_errors"] == 1 and metrics["retry_recovery"] == pytest.approx(1 / 3)
+    assert [g["rewards"] for g in metrics["group_rewards"]] == [[1.0, 0.0], [1.0, 0.0]]
+    rows, _ = _rollout_step(monkeypatch, [a, b], "--mode", "standard_retry", "--no-adv-std")  # Dr. GRPO
+    assert [r.adv for r in rows] == [0.5, 0.5, -0.5, -0.5, 0.5, -0.5, -0.5]
+
+
+def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform_groups(monkeypatch):
+    """Computed from the groups by hand: groups of unequal size (the mean over samples is not the
+    mean of group means) and one group made uniform by dropping its environment error."""
+    groups = [G.Group("fork", "s1", "c", [_ep(1, 1), _ep(0, 2), _ep(0, 3)], "t"),
+              G.Group("fork", "s2", "c", [_ep(1, 4), _ep(1, 5)], "t"),  # uniform
+              G.Group("fresh", "t", "fresh", [_ep(0, 6)] * 4, "t"),  # uniform
+              G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t"),
+              G.Group("fresh", "t", "fresh", [_ep(1, 9), _ep(1, 10), _ep(0, 11, error="boom")], "t")]
+    rows, m = _rollout_step(monkeypatch, groups, "--mode", "fork", "--fresh-frac", "1")
+    assert m["reward"] == pytest.approx(6 / 13)  # 1+0+0 + 1+1 + 0·4 + 1+0 + 1+1, over 13 samples
+    assert m["groups"] == 5 and m["groups_dropped"] == 3
+    flat = [r for g in m["group_rewards"] for r in g["rewards"]]  # the record agrees with itself
+    assert m["reward"] == pytest.approx(sum(flat) / len(flat))
+    assert m["groups_dropped"] == sum(len(set(g["rewards"])) == 1 for g in m["group_rewards"])
+    assert m["recovery"] == pytest.approx(3 / 5) and m["fresh_pass"] == pytest.approx(3 / 8)
+    assert [r.trace.ids[0] for r in rows] == [1, 2, 3, 7, 8]  # the kept groups' samples only
 
 
 @pytest.mark.parametrize("rule", ["learnable", "hard"])
@@ -169,6 +225,7 @@ def test_the_trainer_scores_tokens_at_the_rollout_temperature(tiny):
         assert (abs(stats["is_weight"] - 1) < 1e-4) == matches, (temp, stats)
 
 
+@pytest.mark.slow
 def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
     up = _bandit(tiny, +1.0)
     down = _bandit(tiny, -1.0)
@@ -181,6 +238,7 @@ def test_grpo_learns_a_verifiable_reward_and_the_flipped_sign_unlearns_it(tiny):
 
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_forked_rollout_mask_covers_only_the_recovery_attempts_sampled_tokens(make_task, tiny):
     tok = C.load_tokenizer(tiny)
@@ -216,6 +274,7 @@ def _has_containers() -> bool:
     return bool(C.docker_client().containers.list(all=True, filters=mine))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_task, tiny, tmp_path, capsys):
     coin = "mkdir -p /logs/verifier; echo $((RANDOM % 2)) > /logs/verifier/reward.txt\n"
@@ -300,6 +359,7 @@ def test_failure_states_that_fill_the_context_are_skipped_at_load(make_task, tmp
     assert pool.skipped_long == 1 and "long" not in pool.states
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
 def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(make_task, tiny, tmp_path):
     """--mode standard_retry: every failed fresh attempt goes on with the recovery turn in a fork of
@@ -334,3 +394,193 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
     assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
                                        a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
     assert {im.id for im in client.images.list(filters={"label": C.LABEL})} <= before
+
+
+# ── main's loop with the rollouts and the update replaced: budget, resume ──
+
+
+def _stub_main(monkeypatch, env_steps) -> None:
+    """Stage 04's main as it is (config, loop, checkpoints, resume, pool, metrics) with each step's
+    rollouts replaced by env_steps(step, pool) -> environment steps spent, no update and no engine."""
+    def rollout_step(step, cfg, pool, *a):
+        return [], {"reward": 0.0, "recovery": None, "groups": 1, "groups_dropped": 1,
+                    "episodes_by_rank": [1], "env_steps": env_steps(step, pool)}
+    monkeypatch.setattr(G, "rollout_step", rollout_step)
+    monkeypatch.setattr(G, "update_policy", lambda *a, **k: {})
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: types.SimpleNamespace(
+        update_weights=lambda weights: list(weights), close=lambda: None))
+
+
+def _steps(out) -> list[tuple[int, int]]:
+    return [(r["step"], r["env_steps_total"]) for r in C.read_jsonl(out / "metrics.jsonl")]
+
+
+def test_the_env_step_budget_stops_at_the_first_step_past_it_and_survives_resume(
+        monkeypatch, make_task, tiny, tmp_path, capsys):
+    _stub_main(monkeypatch, lambda step, pool: 7)
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--out", str(out), "--tasks", str(make_task().parent), "--mode", "standard",
+            "--engine", "hf", "--steps", "10", "--save-every", "0"]
+    G.main(args + ["--env-step-budget", "21"])  # 7, 14, 21: step 3 reaches it
+    assert _steps(out) == [(1, 7), (2, 14), (3, 21)]
+    assert "environment-step budget 21 spent after step 3" in capsys.readouterr().out
+    G.main(args + ["--env-step-budget", "21"])  # resumed with the budget spent: no step runs
+    assert "resumed after step 3" in capsys.readouterr().out and len(_steps(out)) == 3
+    G.main(args + ["--env-step-budget", "30"])  # the checkpoint's 21 count towards a larger budget
+    assert _steps(out) == [(1, 7), (2, 14), (3, 21), (4, 28), (5, 35)]
+    assert "environment-step budget 30 spent after step 5" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("docker_ready")
+def test_fork_resume_restores_the_checkpoints_pool_removes_orphans_and_records_each_step_once(
+        monkeypatch, make_task, tiny, tmp_path):
+    """A run checkpoints after step 2, adds a state at step 3 and dies in step 4. Its resume starts
+    step 3 from the checkpoint's pool (states, history, skipped count), the state of the lost step 3
+    is gone with its image, and metrics.jsonl holds each step once."""
+    client, repo = C.docker_client(), "reterm-test-resume/" + tmp_path.name.lower()[-20:]
+    task = make_task()
+    seen, tags, crash = {}, {}, [True]
+
+    class Crash(Exception):
+        pass
+
+    def step(n, pool):
+        key = (crash[0], n)  # which run, which step
+        seen[key] = copy.deepcopy(pool.to_dict())  # the pool as the step starts
+        tags[key] = sorted(t for t in client.images.get(C.BASE_IMAGE).tags if t.startswith(repo))
+        if crash[0] and n == 4:
+            raise Crash
+        client.images.get(C.BASE_IMAGE).tag(repo, f"s{n}")
+        state = C.FailureState(f"s{n}", task.name, f"{repo}:s{n}", [], [1], "gave_up_early")
+        pool.add(state, f"{repo}:s{n}", n)
+        pool.hist[state.id] = [0.5]
+        pool.hist[task.name] = pool.hist.get(task.name, []) + [n / 10]
+        pool.skipped_long += 1
+        return 1
+
+    _stub_main(monkeypatch, step)
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--out", str(out), "--tasks", str(task.parent), "--mode", "fork",
+            "--fresh-frac", "1", "--engine", "hf", "--steps", "4", "--save-every", "2"]
+    try:
+        with pytest.raises(Crash):
+            G.main(args)
+        assert [r["step"] for r in C.read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+        assert f"{repo}:s3" in (out / "pool_live.json").read_text()
+        crash[0] = False
+        G.main(args)
+        ckpt = seen[True, 3]  # what the step-2 checkpoint holds
+        assert sorted(ckpt["states"]) == ["s1", "s2"] and ckpt["skipped_long"] == 2
+        assert ckpt["hist"] == {"s1": [0.5], "s2": [0.5], task.name: [0.1, 0.2]}
+        assert seen[False, 3] == ckpt  # the resumed run starts from it, not from stage 03's file
+        assert tags[False, 3] == [f"{repo}:s1", f"{repo}:s2"]  # the lost step's image is gone
+        assert [r["step"] for r in C.read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+        assert not [t for t in client.images.get(C.BASE_IMAGE).tags if t.startswith(repo)]  # run over
+    finally:
+        for t in client.images.get(C.BASE_IMAGE).tags:
+            if t.startswith(repo):
+                C.remove_image(t)
+
+
+# ── main's loop with the rollouts replaced and the update real: --kl-beta, final/ ──
+
+
+def _fixed_rows_main(monkeypatch, tok) -> list:
+    """Stage 04's main with every step's rollouts replaced by the same four rows (advantages ±1,
+    three sampled tokens each) and an engine that takes the pushed weights; the update is real."""
+    prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
+    rows = []
+    for i, adv in enumerate([1.0, -1.0, 1.0, -1.0]):
+        trace = C.TokenTrace()
+        trace.add_context(prompt)
+        trace.add_sampled([100 + i, 200 + i, 300 + i], [-1.0] * 3, trained=True)
+        rows.append(G.Row(trace, adv))
+    metrics = {"reward": 0.5, "recovery": None, "groups": 1, "groups_dropped": 0, "episodes_by_rank": [4],
+               "env_steps": 4}
+    monkeypatch.setattr(G, "rollout_step", lambda *a: (rows, dict(metrics)))
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: types.SimpleNamespace(
+        sleep=lambda: None, wake_weights=lambda: None, wake_kv=lambda: None,
+        update_weights=lambda weights: list(weights), close=lambda: None))
+    return rows
+
+
+def _ref_kl_by_hand(policy, ref, rows) -> float:
+    """Mean over the trained tokens of k3 = exp(ref - logp) - (ref - logp) - 1, from the two models'
+    logits (temperature 1), one row at a time."""
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            ids = torch.tensor([r.trace.ids])
+            lp, lr = (m(ids).logits[0, :-1].float().log_softmax(-1) for m in (policy, ref))
+            pos = [t - 1 for t, m in enumerate(r.trace.mask) if m]
+            nxt = ids[0, 1:]
+            d = torch.stack([lr[p, nxt[p]] - lp[p, nxt[p]] for p in pos])
+            total, n = total + (d.exp() - d - 1).sum().item(), n + len(pos)
+    return total / n
+
+
+@pytest.mark.slow
+def test_kl_beta_uses_the_start_model_as_reference_and_final_is_the_last_checkpoint(
+        monkeypatch, make_task, tiny, tmp_path):
+    """--kl-beta 0.5 on fixed rows whose advantages cancel (no IS weight): the loss is 0.5 · ref_kl. Step 1's
+    policy is the reference (KL 0); step 2 (resumed from step 1's checkpoint) logs the KL of step 1's
+    weights to the start model, by hand. final/ holds the last checkpoint's weights, not the start's.
+    Without --kl-beta no reference is loaded and no ref_kl is logged."""
+    tok, start = C.load_tokenizer(tiny), C.load_model(tiny)
+    rows = _fixed_rows_main(monkeypatch, tok)
+    out = tmp_path / "run"
+    args = ["--model", str(tiny), "--out", str(out), "--tasks", str(make_task().parent), "--mode", "standard",
+            "--engine", "hf", "--lr", "1e-2", "--temperature", "1.0", "--is-cap", "0", "--save-every", "1"]
+    G.main(args + ["--kl-beta", "0.5", "--steps", "1"])
+    after1 = C.load_model(out / "final")
+    G.main(args + ["--kl-beta", "0.5", "--steps", "2"])
+    m1, m2 = C.read_jsonl(out / "metrics.jsonl")
+    assert m1["ref_kl"] == pytest.approx(0.0, abs=1e-7) and m1["loss"] == pytest.approx(0.0, abs=1e-6)
+    assert m2["ref_kl"] > 1e-4, m2
+    assert m2["ref_kl"] == pytest.approx(_ref_kl_by_hand(after1, start, rows), rel=1e-3)
+    assert m2["loss"] == pytest.approx(0.5 * m2["ref_kl"], rel=1e-3)
+    final, ckpt = C.load_model(out / "final"), C.load_model(tiny)
+    C.load_checkpoint(out / "ckpt", ckpt, torch.optim.AdamW(ckpt.parameters()))
+    fsd, csd, ssd = final.state_dict(), ckpt.state_dict(), start.state_dict()
+    assert fsd.keys() == csd.keys() and all(torch.equal(fsd[k], csd[k]) for k in fsd)
+    assert any(not torch.equal(fsd[k], ssd[k]) for k in fsd)
+    assert not all(torch.equal(fsd[k], after1.state_dict()[k]) for k in fsd)  # step 2 moved it on
+
+    loaded = []
+    monkeypatch.setattr(C, "load_model_sharded", lambda *a, **k: loaded.append(a) or C.load_model(tiny))
+    G.main(args + ["--out", str(tmp_path / "nokl"), "--steps", "1"])
+    assert len(loaded) == 1 and "ref_kl" not in C.read_jsonl(tmp_path / "nokl" / "metrics.jsonl")[0]
+
+
+# ── --verify-fresh through 04's rollouts ──
+
+LOOP = "nohup sh -c 'while :; do echo ok > /app/out.txt; sleep 0.05; done' >/dev/null 2>&1 &"
+RESET_THEN_READ = """\
+mkdir -p /logs/verifier
+echo bad > /app/out.txt; sleep 1
+r=0; [ "$(cat /app/out.txt)" = ok ] && r=1
+echo $r > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_ready")
+def test_verify_fresh_verifies_04s_rollouts_where_no_agent_process_is_left(make_task, tiny):
+    """The agent leaves a loop that writes the answer; the verifier resets it and reads it a second
+    later. Verified in the attempt's own container the loop forges a pass; with --verify-fresh,
+    in a fresh fork of it, the loop is gone and the attempt fails."""
+    task = C.load_task(make_task("forge", test=RESET_THEN_READ))
+    tok = C.load_tokenizer(tiny)
+    rewards = {}
+    with C.env_session():
+        for flag in ([], ["--verify-fresh"]):
+            cfg = C.parse_config(G.Config, ["--model", str(tiny), "--out", "o", "--mode", "standard",
+                                            "--batch-states", "1", "--group-size", "1", "--max-turns", "2",
+                                            *flag])
+            _, rcfg = G.rollout_settings(cfg)
+            engine = ScriptedEngine(tok, [call(LOOP), "Done."])
+            groups, stats, _ = G.collect(1, cfg, G.Pool(cfg.floor), {task.name: task}, engine, rcfg)
+            (ep,) = groups[0].episodes
+            assert ep.error is None and stats["env_errors"] == 0, ep.error
+            rewards[bool(flag)] = ep.reward
+    assert rewards == {False: 1.0, True: 0.0}

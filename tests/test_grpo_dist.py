@@ -34,10 +34,11 @@ def _torchrun(args: list[str], timeout: int = 900) -> subprocess.CompletedProces
 # ── the weight push ─────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("vllm_ready")
 def test_weight_push_streams_model_dtype_tensors_one_at_a_time_and_writes_no_file(tiny, monkeypatch):
     """The engine gets a generator of (name, one full tensor) in the asked dtype, covering every
     name of the checkpoint; nothing is written to disk; vLLM then samples with exactly those weights."""
-    pytest.importorskip("vllm")
     from safetensors import safe_open
 
     with safe_open(str(tiny / "model.safetensors"), "pt") as f:
@@ -114,6 +115,7 @@ class RecordingEngine:
         self.calls.append("close")
 
 
+@pytest.mark.slow
 def test_each_step_sleeps_trains_wakes_loads_then_rolls_out(tiny, tmp_path, monkeypatch):
     tok, calls = C.load_tokenizer(tiny), []
     prompt = tok.encode("<|im_start|>user\nSay something.<|im_end|>\n<|im_start|>assistant\n")
@@ -200,6 +202,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_a_rollout_longer_than_the_collective_timeout_still_hands_its_rows_over(tmp_path):
     """...and a signal still stops a rank that waits for a slower one (Ctrl-C cleanup)."""
     script = tmp_path / "handoff.py"
@@ -232,18 +235,21 @@ def _leftovers(task: str, out: Path) -> list[str]:
     return [c["Id"][:12] for c in boxes] + tags
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_ready")
+@pytest.mark.usefixtures("vllm_ready")
 def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process(make_task, tiny, tmp_path):
-    """Every step: both ranks ran episodes (episodes_by_rank), and the losses and gradient norms
-    equal a 1-process replay of the same rows (the rows each step trained on are saved)."""
-    pytest.importorskip("vllm")
+    """Every step: both ranks ran episodes (episodes_by_rank) and trained rows of their own (one row
+    per micro-batch, two minibatches: the token normaliser spans both ranks), and the losses and
+    gradient norms equal a 1-process replay of the same rows (each step's rows are saved)."""
     name = "grpodist36"  # a verifier that mixes rewards inside a group (the tiny model never passes a task)
     task = C.load_task(make_task(name, test=COIN))
     out = tmp_path / "grpo"
     args = ["04_reterm_grpo.py", "--model", str(tiny), "--out", str(out), "--tasks", str(task.path.parent),
             "--fresh-frac", "0.5", "--batch-states", "2", "--group-size", "4", "--max-tokens", "16",
             "--max-turns", "2", "--max-context", "2048", "--engine", "vllm", "--dtype", "float32",
-            "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows"]
+            "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows",
+            "--micro-tokens", "1", "--updates", "2"]  # a micro-batch per row: both ranks get rows
     try:
         r = _torchrun(args + ["--steps", "2", "--keep-pool"])  # the pool's images stay for the resume
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
@@ -276,6 +282,8 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
             continue
         stats = G.train_on_batch(model, opt, [G.Row(t, a) for t, a in saved], cfg, torch.device("cpu"),
                                  tok.pad_token_id, step=x["step"])
+        assert len(saved) >= 4 and min(x["train_tokens_by_rank"]) > 0, x  # 2 rows per minibatch at least
+        assert sum(x["train_tokens_by_rank"]) == x["train_tokens"] == stats["train_tokens"]
         assert stats["loss"] == pytest.approx(x["loss"], abs=1e-5), (x["step"], stats, x)
         assert stats["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4, abs=1e-6)
         assert stats["nll"] == pytest.approx(x["nll"], abs=1e-5)  # the policy before this step's update

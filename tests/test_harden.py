@@ -14,7 +14,7 @@ from conftest import write_task
 
 import common as C
 
-pytestmark = pytest.mark.usefixtures("docker_ready")
+pytestmark = [pytest.mark.usefixtures("docker_ready"), pytest.mark.slow]
 
 TOML = textwrap.dedent("""\
     [agent]

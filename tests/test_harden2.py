@@ -16,7 +16,7 @@ from conftest import ScriptedEngine, call
 
 import common as C
 
-pytestmark = pytest.mark.usefixtures("docker_ready")
+pytestmark = [pytest.mark.usefixtures("docker_ready"), pytest.mark.slow]
 
 TOML = test_harden.TOML + "allow_internet = false\n"  # the first round's limits, no network
 

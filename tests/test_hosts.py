@@ -8,6 +8,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import threading
+import time
+import types
 
 import batch_rollouts as R
 import pytest
@@ -17,14 +20,123 @@ import common as C
 
 E = importlib.import_module("05_eval_tb2")
 G = importlib.import_module("04_reterm_grpo")
-pytestmark = pytest.mark.usefixtures("docker_ready")
-
 
 
 @pytest.fixture(autouse=True)
 def one_engine_after():
     yield
     C.use_docker_hosts("")
+
+
+# ── placement rules: fake engines on a fake clock, no Docker ─────────────────
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """common's clock (slot() times each hold with it), advanced by hand."""
+    c = Clock()
+    monkeypatch.setattr(C, "time", types.SimpleNamespace(monotonic=c.monotonic))
+    return c
+
+
+def _waiting(fn) -> tuple[threading.Thread, list]:
+    """Run fn on a thread; (the thread, its result box) after 0.3 s, the thread still waiting or done."""
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(0.3)
+    return t, box
+
+
+def test_fresh_starts_take_the_least_loaded_engine_and_wait_when_every_slot_is_busy():
+    hosts = C.Hosts("unix:///a#2,unix:///b#4")
+    a, b = hosts.hosts
+    got = [hosts.acquire() for _ in range(6)]
+    assert got == [a, b, b, a, b, b]  # the lowest busy / slots; a tie goes to the engine listed first
+    assert (a.busy, b.busy) == (2, 4)
+    t, box = _waiting(hosts.acquire)
+    assert t.is_alive() and not box  # all 6 slots busy: it waits...
+    hosts.release(a, held_s=1.0)
+    t.join(5)
+    assert box == [a] and (a.busy, b.busy) == (2, 4)  # ...for the slot that came free
+
+
+def test_busy_never_exceeds_slots_under_concurrent_episodes():
+    hosts = C.Hosts("unix:///a#2,unix:///b#3")
+    seen, lock = [], threading.Lock()
+
+    def episodes():
+        for _ in range(40):
+            with hosts.slot():
+                with lock:
+                    seen.append(tuple(h.busy for h in hosts.hosts))
+                time.sleep(0.005)  # an episode: the workers overlap
+    threads = [threading.Thread(target=episodes) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(seen) == 8 * 40 and all(x <= 2 and y <= 3 for x, y in seen), max(seen)
+    assert max(x + y for x, y in seen) == 5  # 8 workers for 5 slots: every slot was used
+    assert [h.busy for h in hosts.hosts] == [0, 0]
+
+
+def test_a_fork_waits_for_its_snapshots_engine_unless_a_copy_is_expected_to_be_faster(clock, monkeypatch):
+    """auto: copy when size / copy rate (no copy yet: 100 MB/s) < the home's mean hold / its slots."""
+    copies = []
+
+    def fake_copy(self, image, src, dst):
+        copies.append((image, src, dst))
+        self.where[image].add(dst)
+    monkeypatch.setattr(C.Hosts, "_copy", fake_copy)
+    hosts = C.Hosts("unix:///a#1,unix:///b#2")
+    a, b = hosts.hosts
+    hosts.note("snap", a.url)
+    hosts.sizes["snap"] = 10**9  # a 10 s copy at the assumed rate
+    for _ in range(2):  # forks hold a's one slot 4 s each: waiting (~4 s) beats copying
+        with hosts.slot("snap") as url:
+            assert url == a.url
+            clock.t += 4.0
+    first = hosts.acquire("snap")
+    t, box = _waiting(lambda: hosts.acquire("snap"))
+    assert first is a and t.is_alive() and not copies  # auto declines to copy: the fork waits
+    hosts.release(first, held_s=4.0)
+    t.join(5)
+    assert box == [a] and not copies
+    hosts.release(a, held_s=4.0)
+    with hosts.slot("snap"):  # one fork holds a for 100 s: the mean hold is now 116 / 5 s > 10 s
+        clock.t += 100.0
+    first = hosts.acquire("snap")
+    assert hosts.acquire("snap") is b and copies == [("snap", a.url, b.url)]  # now the copy pays
+    assert hosts.counts["forks_moved"] == 1 and set(hosts.homes("snap")) == {a.url, b.url}
+    assert hosts.acquire("snap") is b and len(copies) == 1  # b holds a copy: no second one
+    never = C.Hosts("unix:///a#1,unix:///b#2", move="never")
+    never.note("snap", "unix:///a")
+    never.acquire("snap")
+    t, box = _waiting(lambda: never.acquire("snap"))
+    assert t.is_alive() and len(copies) == 1  # never: it waits, however slow a's forks are
+    never.release(never.hosts[0])
+    t.join(5)
+    assert box == [never.hosts[0]]
+
+
+def test_ranks_split_each_engines_slots_and_together_use_them_all():
+    for slots in range(1, 10):
+        for world in range(1, 5):
+            share = [G.rank_slots(slots, r, world) for r in range(world)]
+            assert min(share) >= 1 and max(share) - min(share) <= 1, (slots, world, share)
+            assert sum(share) == max(slots, world), (slots, world, share)
+
+
+# ── two real engines ─────────────────────────────────────────────────────────
 
 
 def leftovers(url: str | None) -> tuple[list, list]:
@@ -46,6 +158,7 @@ def make_tasks(make_task, names: list[str]) -> dict[str, C.Task]:
     return tasks
 
 
+@pytest.mark.slow
 def test_oracle_eval_over_two_engines_equals_one_engine(make_task, second_engine, tmp_path):
     make_tasks(make_task, ["a1", "a2", "a3", "stuck1"])
     root = str(tmp_path / "tasks")
@@ -91,6 +204,7 @@ def _failure_states(tasks, path, hosts: str) -> list[C.FailureState]:
     return states
 
 
+@pytest.mark.slow
 def test_grpo_fork_step_over_two_engines_forks_where_the_snapshot_is(make_task, second_engine, tmp_path):
     tasks = make_tasks(make_task, ["fix", "stuck"])
     d2 = second_engine.url
@@ -147,6 +261,7 @@ class StopsAnEngine(ScriptedEngine):
         return super().generate(prompts, sampling, seeds)
 
 
+@pytest.mark.slow
 def test_losing_an_engine_mid_step_ends_its_episodes_and_states_only(make_task, second_engine, tmp_path):
     tasks = make_tasks(make_task, ["fix1", "fix2", "fix3", "fix4"])
     d2 = second_engine.url

@@ -68,6 +68,7 @@ def test_generator_split_is_by_parameters_and_fixed(tmp_path):
             assert steps[0].startswith(microtasks.STALE_STEP[0]) == (name in d["stale"])
 
 
+@pytest.mark.slow
 def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, tmp_path):
     split = microtasks.generate(tmp_path / "mt", n_train=12, n_heldout=4, seed=0)
     tasks = tmp_path / "mt/train"
@@ -88,6 +89,7 @@ def test_oracle_passes_null_fails_and_side_effects_are_penalised(docker_ready, t
             assert env.verify().reward == 1.0
 
 
+@pytest.mark.slow
 def test_stale_file_fails_the_plain_procedure_observably_and_the_repair_passes(docker_ready, tmp_path):
     """A stale-file task: the steps of the plain task run cleanly and fail the tests, listing the output
     folder shows why, and removing the file passes in the same container (the repair a recovery must
@@ -103,6 +105,7 @@ def test_stale_file_fails_the_plain_procedure_observably_and_the_repair_passes(d
         assert env.verify().reward == 1.0
 
 
+@pytest.mark.slow
 def test_varied_causes_hold_their_names_out_and_each_is_observable_and_repairable(docker_ready, tmp_path):
     """--stale-vary: the planted entry's kind and name vary by task; dev and held-out tasks carry
     names no train or pool task has; each solution removes its own entry first. In a container, for
@@ -224,6 +227,7 @@ def test_cause_stats_counts_recoveries_by_cause_own_removals_and_blind_ones():
     assert composed["blind_removal"] == 1.0  # a composed STEM.EXT name counts as planted too
 
 
+@pytest.mark.slow
 def test_repair_rows_remove_the_policys_stray_output_and_verify(docker_ready, tmp_path):
     """experiment_learning.repair_rows on a failure state made by hand: the output was written under
     the wrong name. The repair removes that file (and nothing the solution names), replays the
@@ -279,6 +283,7 @@ def _mean_logp(model, rows: list, pad_id: int) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready, tmp_path):
     split = microtasks.generate(tmp_path / "mt", n_train=12, n_heldout=4, seed=0)
     name = next(n for n in split["train"] if n.startswith("micro-copy"))
@@ -360,6 +365,7 @@ def test_plain_frac_picks_a_seeded_share_of_the_stale_train_tasks(tmp_path):
     assert E.split_fields(on) != E.split_fields(on | {"plain_frac": 0.5})
 
 
+@pytest.mark.slow
 def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready, tmp_path):
     """bench/experiment_learning.py end to end at a toy size (a 64x2 model, a few steps, a GRPO pool
     kept out of SFT, stale-file tasks): the results.json contract, no split leaking into another, no

@@ -31,6 +31,7 @@ def plan_json(*flags: str) -> dict:
 PEAKS = ("sft_peak_gb", "grpo_train_peak_gb", "grpo_rollout_peak_gb", "push_peak_gb")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu_gb", [80, 141])
 def test_qwen35_9b_fits_eight_gpus_with_kv_for_every_slot(gpu_gb):
     """04's defaults (the README's recipe): every phase fits and each rank's KV cache holds its
@@ -42,6 +43,7 @@ def test_qwen35_9b_fits_eight_gpus_with_kv_for_every_slot(gpu_gb):
     assert out["slots_per_rank"] == 8 and out["kv_contexts_per_rank"] >= out["slots_per_rank"], out
 
 
+@pytest.mark.slow
 def test_qwen35_9b_does_not_fit_one_gpu():
     # one GPU holds 9B x 16 bytes of fp32 weights, gradients and Adam state: 143 GB before activations
     alone = plan_json("--model", "qwen3.5-9b", "--gpus", "1", "--gpu-gb", "141")
@@ -134,13 +136,17 @@ def small_model(layers: int, hidden: int, vocab: int):
     return cfg, model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers,hidden,vocab,tokens", [
     (4, 128, 4096, 512),  # the lm_head chunks peak
-    (4, 128, 2048, 1024),  # a block's backward peaks
+    (8, 256, 3000, 384),  # a block's backward peaks; a width, depth and length the coefficients never saw
 ])
 def test_plan_within_20_percent_of_the_measured_cpu_peak(layers, hidden, vocab, tokens):
     """02's own train_step (two micro-batches, activation checkpointing, chunked log-probs, AdamW
-    state from a first step) on CPU; its peak, every live tensor counted, against the plan."""
+    state from a first step) on CPU; its peak, every live tensor counted, against the plan. The
+    activation coefficients were measured on this CPU code at 1-2k tokens and hidden 128, so the
+    second shape is held out; and as 16 bytes a parameter of weights, gradients and Adam state
+    dominate a small model's peak, the activation part (the peak less that state) is held to 20% too."""
     cfg, model = small_model(layers, hidden, vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -151,8 +157,12 @@ def test_plan_within_20_percent_of_the_measured_cpu_peak(layers, hidden, vocab, 
     sft.train_step(model, opt, sched, batches, cfg02, cpu, 1)  # Adam's moments exist from here on
     step = lambda: sft.train_step(model, opt, sched, batches, cfg02, cpu, 1)  # noqa: E731
     measured = MP.measure_peak(step, cpu, model, opt)
-    planned = MP.train_peak(MP.shape_of(cfg), world=1, tokens=tokens, gpu=False)["peak"]
+    plan = MP.train_peak(MP.shape_of(cfg), world=1, tokens=tokens, gpu=False)
+    planned = plan["peak"]
     assert 0.8 <= planned / measured <= 1.2, (planned / 2**20, measured / 2**20)
+    state = sum(plan["terms"][k] for k in ("params", "grads", "adam"))
+    acts = (planned - state, measured - state)
+    assert 0.8 <= acts[0] / acts[1] <= 1.2, (plan["phase"], acts)
 
 
 def test_chunked_log_probs_equal_whole_vocabulary_log_softmax():
@@ -172,6 +182,7 @@ def test_chunked_log_probs_equal_whole_vocabulary_log_softmax():
     assert all(torch.allclose(chunked[n], p.grad, atol=1e-5) for n, p in model.named_parameters())
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_tiny_writes_every_field(tmp_path):
     """The one-GPU check's own code on CPU: 02 steps and a 04 step, each peak beside the plan's."""
     cmd = [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path)]

@@ -16,7 +16,7 @@ from conftest import ScriptedEngine
 
 import common as C
 
-pytestmark = pytest.mark.usefixtures("docker_ready")
+pytestmark = [pytest.mark.usefixtures("docker_ready"), pytest.mark.slow]
 
 
 def call(cmd: str) -> str:

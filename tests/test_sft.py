@@ -155,6 +155,7 @@ print(len(traces), len(os.listdir("/proc/self/fd")))
 """
 
 
+@pytest.mark.slow
 def test_two_thousand_rows_tokenise_with_workers_under_256_descriptors(models, tmp_path):
     """Workers hand rows back as numpy arrays: torch tensors would come back as shared memory, one
     open descriptor per row in the parent (a pool of 2,000 rows died under ulimit -n 256)."""
@@ -263,6 +264,7 @@ def test_packing_accepted_when_the_layers_call_the_kernels(models, monkeypatch):
         sft.choose_packing("auto", model, gpu=True)
 
 
+@pytest.mark.slow
 def test_loss_falls(models, data, tmp_path):
     out = tmp_path / "run"
     run(data, models["qwen3_5"], out, "--max-steps", "20", "--lr", "1e-2", "--activation-checkpointing")
@@ -298,6 +300,7 @@ C.teardown_distributed()
 """
 
 
+@pytest.mark.slow
 def test_sharded_bf16_export_says_bfloat16(models, tmp_path):
     """The GPU path: FSDP2's fp32 parameters exported in bf16 from 2 ranks; save_pretrained would
     write the parameters' float32 into config.json."""
@@ -312,6 +315,7 @@ def test_sharded_bf16_export_says_bfloat16(models, tmp_path):
     assert {t.dtype for t in load_file(tmp_path / "final" / "model.safetensors").values()} == {torch.bfloat16}
 
 
+@pytest.mark.slow
 def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_path):
     out = tmp_path / "cli"
     subprocess.run([sys.executable, "02_sft.py", "--data", str(data), "--model", str(models["qwen3_5"]),
@@ -327,6 +331,7 @@ def test_cli_final_folder_loads_in_transformers_and_generates(models, data, tmp_
                        load_file(final / "model.safetensors")["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow
 def test_multimodal_qwen3_5_layout_trains_as_text_lm(data, tmp_path):
     """The released Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration (vision tower, weights
     under model.language_model.*): SFT loads the text LM from them and saves a text-only folder."""
@@ -348,6 +353,7 @@ def test_multimodal_qwen3_5_layout_trains_as_text_lm(data, tmp_path):
     assert torch.equal(C.load_model(final).model.embed_tokens.weight, want)
 
 
+@pytest.mark.slow
 def test_resume_is_exact(models, data, tmp_path):
     # Qwen3 packs (auto): two rows per 1536-token micro-batch.
     flags = ["--max-steps", "5", "--micro-batch-tokens", "1536", "--save-every", "2"]
@@ -360,6 +366,7 @@ def test_resume_is_exact(models, data, tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_the_same_rows_in_another_file_order_give_the_same_run(models, tmp_path):
     """Stage 01 writes rows as its threads finish: a rebuild lists the same rows in another order,
     and the run must not depend on it (the epoch order is drawn over the rows' content order)."""
@@ -375,6 +382,7 @@ def test_the_same_rows_in_another_file_order_give_the_same_run(models, tmp_path)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_with_accumulation_and_resume_equal_one(models, data, tmp_path):
     """2 gloo ranks x --grad-accum 2 with activation checkpointing (model built on the meta device,
     filled from rank 0's read), stopped after a step and resumed, == 1 process x --grad-accum 4."""
@@ -408,6 +416,7 @@ open(f"{sys.argv[1]}.{os.environ['RANK']}", "w").write(json.dumps(found))
 """
 
 
+@pytest.mark.slow
 def test_sharded_gradients_are_reduced_after_every_micro_batch(models, data, tmp_path):
     """Under FSDP each micro-batch's gradient is reduce-scattered into the sharded fp32 gradient at
     once: deferring the sync to the step's last micro-batch would keep an unsharded fp32 gradient
@@ -468,11 +477,26 @@ def test_empty_dataset_and_missing_paths(models, tmp_path):
 # ── vLLM (last: it is the slowest import) ───────────────────────────────────
 
 
-def test_final_folder_loads_in_vllm_and_generates(models, data, tmp_path):
-    pytest.importorskip("vllm")
+@pytest.mark.slow
+@pytest.mark.usefixtures("vllm_ready")
+def test_final_folder_loads_in_vllm_and_its_logprobs_are_the_trained_models(models, data, tmp_path):
+    """vLLM's log-probs of what it samples from final/ equal the trained weights' (transformers'
+    forward on final/), and not the start model's."""
     # vLLM's Qwen3.5 module imports torchvision, which the CPU install removes: use Qwen3.
     final = run(data, models["qwen3"], tmp_path / "run", "--max-steps", "2")
     engine = C.VLLMEngine(final, dtype="float32", max_model_len=1024)
     prompt = C.render_ids(engine.tokenizer, C.initial_messages(INSTRUCTION), add_generation_prompt=True)
-    (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=0, max_tokens=8))
+    try:
+        (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=1.0, max_tokens=8, seed=3))
+    finally:  # shut down: a later in-process vLLM engine fails to start while this one lives
+        engine.close()
     assert 1 <= len(gen.ids) <= 8 and len(gen.logprobs) == len(gen.ids)
+
+    def logprobs(model_dir: Path) -> torch.Tensor:
+        with torch.no_grad():
+            logits = C.load_model(model_dir)(torch.tensor([prompt + gen.ids])).logits[0, len(prompt) - 1: -1]
+        return logits.float().log_softmax(-1).gather(-1, torch.tensor(gen.ids)[:, None])[:, 0]
+
+    vllm_lp = torch.tensor(gen.logprobs)
+    assert (vllm_lp - logprobs(final)).abs().max() <= 1e-4
+    assert (vllm_lp - logprobs(models["qwen3"])).abs().max() > 1e-2  # SFT moved them

@@ -76,6 +76,7 @@ def interfaces(env: C.Env) -> set[str]:
     return {ln.split(":")[0].strip() for ln in lines if ":" in ln}
 
 
+@pytest.mark.slow
 @docker
 def test_network_as_harbor_gives_it(make_task):
     on = C.load_task(make_task("net-on", toml=NET_TOML))  # no allow_internet: Harbor's default is on
@@ -89,6 +90,7 @@ def test_network_as_harbor_gives_it(make_task):
         assert interfaces(e) == {"lo"}
 
 
+@pytest.mark.slow
 @docker
 def test_logs_dirs_exist_before_the_first_command_and_docker_timeout_follows_tasks(make_task):
     task = C.load_task(make_task("logs", toml="[agent]\ntimeout_sec = 12000.0\n"))
@@ -100,6 +102,7 @@ def test_logs_dirs_exist_before_the_first_command_and_docker_timeout_follows_tas
         assert C.docker_client().api.timeout >= 12000
 
 
+@pytest.mark.slow
 @docker
 def test_pinned_image_absent_is_an_error_row_and_never_built(make_task, tmp_path):
     pinned = 'docker_image = "reterm-test/no-such-image:never"\nallow_internet = false\n'
@@ -122,6 +125,7 @@ def test_pinned_image_absent_is_an_error_row_and_never_built(make_task, tmp_path
     assert row["image"].startswith("reterm-task/pinned:") and row["image_id"].startswith("sha256:")
 
 
+@pytest.mark.slow
 @docker
 def test_verifier_failing_for_lack_of_network_is_flagged(make_task, tmp_path):
     # TB2's test.sh shape: fetch the test tools, write 0 when that fails, exit normally.
@@ -139,6 +143,7 @@ def test_verifier_failing_for_lack_of_network_is_flagged(make_task, tmp_path):
     assert res["verifier_result"] == {"rewards": {"reward": 0.0}}
 
 
+@pytest.mark.slow
 @docker
 def test_bundled_oracle_run_reads_as_harbor_job(tmp_path):
     out = tmp_path / "ev"
@@ -164,6 +169,52 @@ def test_bundled_oracle_run_reads_as_harbor_job(tmp_path):
         assert (path.parent / "agent" / "oracle.txt").exists()
     rows = C.read_jsonl(out / "trials.jsonl")
     assert all(r["image_id"].startswith("sha256:") and r["image"].startswith("reterm-task/") for r in rows)
+
+
+def _trial_rows(cfg, task, trial, out):
+    """Stage 05's rows for four outcomes, as run_trial makes them (no container): a pass, a trial
+    lost to the infrastructure (no reward), an agent timeout that was still verified (reward 0), a
+    verifier timeout (no reward)."""
+    row, t = ev.new_row(cfg, task, trial), ev.now()
+    timed = {"environment_setup": [t, t], "agent_execution": [t, t], "verifier": [t, t], "turns": 1}
+    infra = C.infra_error("trial", "BuildError: no space left")
+    outcome = {("a", 0): timed | {"reward": 1.0, "verified": True},
+               ("b", 0): {"error": infra, "error_type": "BuildError"},
+               ("a", 1): timed | {"agent_timed_out": True, "verified": True},
+               ("b", 1): timed | {"error": "verifier timed out after 30 s",
+                                  "error_type": "VerifierTimeoutError"}}
+    return row | outcome[task.name, trial] | {"seconds": 1.0}
+
+
+def test_error_trials_and_a_job_with_errors_read_as_harbor_and_a_resume_rebuilds_the_job(
+        make_task, tmp_path, monkeypatch):
+    make_task("a"), make_task("b")
+    monkeypatch.setattr(ev, "run_trial", _trial_rows)
+    out = tmp_path / "ev"
+    args = ["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--concurrency", "1"]
+    ev.main(args + ["--trials", "1"])  # a pass and an infrastructure error
+    first = json.loads((out / "harbor" / "result.json").read_text())
+    assert check(first, "JobResult", "result.json") == [] and first["n_total_trials"] == 2
+    (e,) = first["stats"]["evals"].values()
+    assert (e["n_trials"], e["n_errors"], e["metrics"]) == (1, 1, [{"mean": 0.5}])
+    summary = ev.main(args + ["--trials", "2"])  # resumed with a second trial per task
+    job = json.loads((out / "harbor" / "result.json").read_text())
+    assert check(job, "JobResult", "result.json") == []
+    assert job["started_at"] == first["started_at"] and job["n_total_trials"] == 4
+    assert (job["stats"]["n_trials"], job["stats"]["n_errors"]) == (4, 3)  # every trial, not the last run's
+    (e,) = job["stats"]["evals"].values()
+    name = {(r["task"], r["trial"]): ev.trial_dir(out, r["task"], r["trial"]).name
+            for r in C.read_jsonl(out / "trials.jsonl")}
+    assert e["n_trials"] == 2 and e["n_errors"] == 3  # verified trials; trials with an exception
+    assert e["metrics"] == [{"mean": 0.25}] == [{"mean": summary["pass_at_1"]}]  # a missing reward is 0
+    assert e["reward_stats"] == {"reward": {"1.0": [name["a", 0]], "0.0": [name["a", 1]]}}
+    assert e["exception_stats"] == {"BuildError": [name["b", 0]], "AgentTimeoutError": [name["a", 1]],
+                                    "VerifierTimeoutError": [name["b", 1]]}
+    for (task, trial), dirname in name.items():
+        res = json.loads((out / "harbor" / dirname / "result.json").read_text())
+        assert check(res, "TrialResult", dirname) == []
+        assert (res["verifier_result"] is None) == (task == "b")  # no reward: none is reported
+        assert (res["exception_info"] is None) == ((task, trial) == ("a", 0))
 
 
 def test_sample_draws_disjoint_train_and_held_out_sets_fast(tmp_path):
@@ -217,6 +268,7 @@ def custom_row(i: int, instruction: str) -> dict:
     return {"id": f"r{i}", "task_id": "t", "messages": msgs, "train_from_message_index": 6}
 
 
+@pytest.mark.slow
 @docker
 def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
     """02 -> 05 on rows with their own system prompt: the trajectories 05 saves start with it."""
