@@ -56,8 +56,9 @@ def test_disk_fillers_are_bounded(make_task):
         assert "finished" not in r.output and "passed the storage cap (64 MB" in r.output
         written = int(env.bash("du -sm /app | cut -f1").output.split()[0])
         # stopped past the cap but far short of the loop's 1600 MB; how far past depends on how fast
-        # the disk writes between two 0.25 s polls (CI under load has written ~350 MB)
-        assert 64 <= written <= 800, written
+        # the disk writes between two 0.25 s polls: measured 266-301 MB for 20 background writers
+        # (docs/environment.md), ~350 MB once for this loop on CI under load; the promise is one poll
+        assert 64 <= written <= 480, written
         env.bash("rm -f /app/f*")  # back under the cap (while over it, the container may not grow)
         # output capture costs no disk: 3 s of `yes` keeps a few MiB, and reports the true size
         r = env.bash("yes", timeout=3)
