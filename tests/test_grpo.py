@@ -567,13 +567,13 @@ echo $r > /logs/verifier/reward.txt
 @pytest.mark.usefixtures("docker_ready")
 def test_verify_fresh_verifies_04s_rollouts_where_no_agent_process_is_left(make_task, tiny):
     """The agent leaves a loop that writes the answer; the verifier resets it and reads it a second
-    later. Verified in the attempt's own container the loop forges a pass; with --verify-fresh,
-    in a fresh fork of it, the loop is gone and the attempt fails."""
+    later. Verified in the attempt's own container (--no-verify-fresh) the loop forges a pass; with
+    --verify-fresh, the default, in a fresh fork of it, the loop is gone and the attempt fails."""
     task = C.load_task(make_task("forge", test=RESET_THEN_READ))
     tok = C.load_tokenizer(tiny)
     rewards = {}
     with C.env_session():
-        for flag in ([], ["--verify-fresh"]):
+        for flag in (["--no-verify-fresh"], []):
             cfg = C.parse_config(G.Config, ["--model", str(tiny), "--out", "o", "--mode", "standard",
                                             "--batch-states", "1", "--group-size", "1", "--max-turns", "2",
                                             *flag])
@@ -582,5 +582,5 @@ def test_verify_fresh_verifies_04s_rollouts_where_no_agent_process_is_left(make_
             groups, stats, _ = G.collect(1, cfg, G.Pool(cfg.floor), {task.name: task}, engine, rcfg)
             (ep,) = groups[0].episodes
             assert ep.error is None and stats["env_errors"] == 0, ep.error
-            rewards[bool(flag)] = ep.reward
+            rewards[cfg.verify_fresh] = ep.reward
     assert rewards == {False: 1.0, True: 0.0}
