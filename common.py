@@ -263,9 +263,8 @@ def _suffix_after(tokenizer: Any, base: list[dict], new: list[dict], gen: bool, 
 
 def delta_ids(tokenizer: Any, messages: list[dict], new_messages: list[dict]) -> list[int]:
     """Tokens for `new_messages` (observations) + the next generation prompt, appended to a trace
-    that currently ends with the `<|im_end|>` closing `messages[-1]` (an assistant turn). If a
-    generation was cut by max_tokens, append the eos token (mask 0) before calling this. Command
-    output is text: a `<|im_end|><|im_start|>user` it prints stays characters (see _encode_observed)."""
+    ending with the `<|im_end|>` of `messages[-1]` (an assistant turn; after a generation cut by
+    max_tokens, append eos first, mask 0). Output stays text, never control tokens (_encode_observed)."""
     obs = lambda m: m["role"] == "tool" and isinstance(m.get("content"), str)
     observed = {f"\x00obs-{uuid.uuid4().hex}\x00": m["content"] for m in new_messages if obs(m)}
     keys = iter(observed)  # each observation's text stands as a placeholder while the template renders
@@ -398,8 +397,7 @@ class VLLMEngine:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [self._generation(out.outputs[0]) for out in outs]
 
-    # Request-level API for continuous batching (EngineQueue): a request joins the running batch
-    # at the next step and leaves it as soon as it finishes.
+    # Request-level API for EngineQueue's continuous batching: a request joins at any step, leaves when done
     def add_request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> str:
         from vllm import TokensPrompt
 

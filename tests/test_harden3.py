@@ -87,7 +87,9 @@ def test_a_container_the_agent_killed_is_its_own_failure(make_task, tok):
             v = env.verify(fresh=fresh)
             assert v.reward == 0.0 and "stopped from inside" in v.error and not C.is_infra_error(v.error), v
     kill = "echo 1000 >/proc/1/oom_score_adj; " + HOG
-    eng = ScriptedEngine(tok, [call("echo ok > /app/out.txt"), call(kill), call("cat /app/out.txt"), "Done."])
+    # the kill twice: on a loaded machine the first hogs may be reaped one by one before PID 1 is
+    script = [call("echo ok > /app/out.txt"), call(kill), call(kill), call("cat /app/out.txt"), "Done."]
+    eng = ScriptedEngine(tok, script)
     with C.env_session():
         (ep,), _ = R.run_attempts([task], eng, C.RolloutConfig(max_turns=6, max_context=8192, concurrency=1,
                                                                verify_fresh=True))
