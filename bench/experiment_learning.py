@@ -921,6 +921,19 @@ def combine(cfg: Config) -> dict:
     return res
 
 
+def band_panel(ax, lines: list[tuple[str, str, list[float], list[float], list[float], list[float]]],
+               xlabel: str, title: str) -> None:
+    """One panel of curves with a min-max band each: (label, color, xs, mean, low, high) per line."""
+    for label, color, xs, ys, lo, hi in lines:
+        ax.plot(xs, ys, "o-", color=color, label=label)
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.15)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
 
@@ -930,18 +943,15 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     panels = ((axes[0], "recovery", "held-out Recovery@1"), (axes[1], "pass_at_1", "held-out Pass@1"))
     for ax, key, title in panels:
+        lines = []
         for mode, color in zip(modes_of(res["per_seed"]), ("tab:red", "tab:blue", "tab:green"), strict=False):
             curves = [s["curve"][mode] for s in res["per_seed"]]
             n = min(map(len, curves))
             xs = [mean([c[i]["env_steps"] for c in curves]) for i in range(n)]
             ys = [[c[i][key] for c in curves] for i in range(n)]
-            ax.plot(xs, [mean(y) for y in ys], "o-", color=color, label=f"{mode} (mean of {len(curves)})")
-            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=color, alpha=0.15)
-        ax.set_xlabel("environment steps (GRPO rollouts)")
-        ax.set_title(title)
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend()
+            lines.append((f"{mode} (mean of {len(curves)})", color, xs, [mean(y) for y in ys],
+                          [min(y) for y in ys], [max(y) for y in ys]))
+        band_panel(ax, lines, "environment steps (GRPO rollouts)", title)
     fig.suptitle("ReTerm-GRPO on micro tasks: fork vs baselines at equal environment steps (band: min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -394,17 +394,11 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for arm, color in zip(ARMS, ("tab:red", "tab:green"), strict=True):
-        c = res["curves"][arm]
-        xs = [p["env_steps"] for p in c]
-        ax.plot(xs, [p["recovery"] for p in c], "o-", color=color, label=f"{arm} (mean of {c[-1]['n']})")
-        ax.fill_between(xs, [p["min"] for p in c], [p["max"] for p in c], color=color, alpha=0.15)
-    ax.set_xlabel("environment steps (fork: stage 03's pool included)")
-    ax.set_ylabel("bank Recovery@1")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("fork vs standard + retry, paired replicates (band: min-max)")
+    lines = [(f"{arm} (mean of {c[-1]['n']})", color, [p["env_steps"] for p in c], [p["recovery"] for p in c],
+              [p["min"] for p in c], [p["max"] for p in c])
+             for arm, color in zip(ARMS, ("tab:red", "tab:green"), strict=True) for c in [res["curves"][arm]]]
+    E.band_panel(ax, lines, "environment steps (fork: stage 03's pool included)",
+                 "bank Recovery@1: fork vs standard + retry, paired replicates (band: min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
