@@ -9,7 +9,8 @@ order (B = --groups-per-step, G = --group-size, f = --fresh-frac):
                                     B - round(B f) fork a failure state s of the pool: G recovery
                                     attempts, each in its own fork of s's snapshot, whose context is
                                     s's failed attempt (its exact tokens) + the recovery message.
-                                    An empty pool is topped up with fresh groups.
+                                    An empty pool is topped up with fresh groups; tasks
+                                    repeat when more are drawn than there are.
                     standard        B fresh groups: no forks, no pool (the GRPO baseline)
                     standard_retry  B fresh groups; a failed attempt goes on with the recovery
                                     message in a fork of its own container, and the pair is one
@@ -22,7 +23,8 @@ order (B = --groups-per-step, G = --group-size, f = --fresh-frac):
                   standard_retry: a sample's failed attempt and its recovery are both rows with its A_i.
   4. the engine sleeps: its device memory goes to the trainer.
   5. update       per minibatch m of --updates (a seeded split of the rows), over its trained tokens
-                  (mask 1; N of them, all ranks), π_old = the policy before the step's first update:
+                  (mask 1; N of them, all ranks); π = softmax(logits / --temperature), as the
+                  engine sampled, and π_old = the policy before the step's first update:
                     ρ_t = π_θ(y_t) / π_old(y_t)
                     w_t = min(π_old(y_t) / π_engine(y_t), c)                  (c = --is-cap; c = 0: w_t = 1)
                     ℓ_t = -w_t min(ρ_t A, clip(ρ_t, 1 - ε_low, 1 + ε_high) A)  (ε = --eps-low, --eps-high)
@@ -34,8 +36,9 @@ order (B = --groups-per-step, G = --group-size, f = --fresh-frac):
                   p(x) = the success rate of x's latest group (x a state, or a task for fresh draws);
                   w(x) = 1 while unseen, else   hard: max(floor, 1 - p)   learnable: max(floor, 4 p (1 - p))
                   (a group is all-equal with probability p^G + (1 - p)^G, least at p = 1/2); s leaves
-                  after --retire-after all-success groups in a row, and the lowest-w, oldest states
-                  leave beyond --pool-max. The pool owns one image tag per state, untagged as it leaves.
+                  after --retire-after all-success groups in a row, or with its Docker engine, and
+                  the lowest-w, oldest states leave beyond --pool-max. The pool owns one image tag
+                  per state, untagged as it leaves.
   8. record       metrics.jsonl (and --tensorboard), one log line, a checkpoint every --save-every steps.
 
 Distributed (torchrun + FSDP2, one node or several): every rank is a trainer AND a rollout worker,
