@@ -533,10 +533,10 @@ def wake_engine(model, engine, train_dtype, device) -> dict:
     return mem | {"mem_gb_push": memory_gb(device)}
 
 
-def push_weights(model, engine, dtype=None) -> None:
+def push_weights(model, engine, train_dtype=None) -> None:
     """Stream the weights from the (sharded) model into this rank's engine, one full tensor at a
-    time in `dtype`: no file, no full state dict. A collective under FSDP: every rank calls."""
-    engine.update_weights(C.stream_weights(model, dtype))
+    time in `train_dtype`: no file, no full state dict. A collective under FSDP: every rank calls."""
+    engine.update_weights(C.stream_weights(model, train_dtype))
 
 
 def record_step(out: Path, cfg: Config, metrics: dict, rows: list[Row], pool: FailurePool,
