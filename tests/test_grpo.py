@@ -89,7 +89,7 @@ def _ep(reward: float, token: int, error: str | None = None) -> C.Episode:
     return C.Episode(task=None, messages=[], trace=trace, reward=reward, error=error, turns=1)
 
 
-def _rollout_step(groups: list, *argv: str):
+def _first_three_steps(groups: list, *argv: str):
     """Stage 04's steps 1-3 on hand-built groups, as main runs them (environment failures dropped →
     uniform groups dropped → rows with their advantages), and the step's metrics; returns (rows,
     metrics)."""
@@ -108,7 +108,7 @@ def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry
     a = G.Group("fresh", "t", "fresh", [_ep(0, 1), _ep(0, 3), _ep(0, 5)], "t",
                 retries=[_ep(1, 2), _ep(0, 4), _ep(0, 6, error="exec failed")])
     b = G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t", retries=[None, _ep(0, 9)])
-    rows, metrics = _rollout_step([a, b], "--mode", "standard_retry")  # --adv-std (default)
+    rows, metrics = _first_three_steps([a, b], "--mode", "standard_retry")  # --adv-std (default)
     h = 1 / math.sqrt(2)
     assert [(r.trace.ids[0], r.adv) for r in rows] == [
         (1, pytest.approx(h, abs=1e-5)), (2, pytest.approx(h, abs=1e-5)),  # failed → recovered: +
@@ -117,7 +117,7 @@ def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry
         (8, pytest.approx(-h, abs=1e-5)), (9, pytest.approx(-h, abs=1e-5))]
     assert metrics["env_errors"] == 1 and metrics["retry_recovery"] == pytest.approx(1 / 3)
     assert [g["rewards"] for g in metrics["group_rewards"]] == [[1.0, 0.0], [1.0, 0.0]]
-    rows, _ = _rollout_step([a, b], "--mode", "standard_retry", "--no-adv-std")  # Dr. GRPO
+    rows, _ = _first_three_steps([a, b], "--mode", "standard_retry", "--no-adv-std")  # Dr. GRPO
     assert [r.adv for r in rows] == [0.5, 0.5, -0.5, -0.5, 0.5, -0.5, -0.5]
 
 
@@ -129,7 +129,7 @@ def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform
               G.Group("fresh", "t", "fresh", [_ep(0, 6)] * 4, "t"),  # uniform
               G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t"),
               G.Group("fresh", "t", "fresh", [_ep(1, 9), _ep(1, 10), _ep(0, 11, error="boom")], "t")]
-    rows, m = _rollout_step(groups, "--mode", "fork", "--fresh-frac", "1")
+    rows, m = _first_three_steps(groups, "--mode", "fork", "--fresh-frac", "1")
     assert m["reward"] == pytest.approx(6 / 13)  # 1+0+0 + 1+1 + 0·4 + 1+0 + 1+1, over 13 samples
     assert m["groups"] == 5 and m["groups_dropped"] == 3
     flat = [r for g in m["group_rewards"] for r in g["rewards"]]  # the record agrees with itself
