@@ -381,7 +381,8 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
                                     "--group-size", "2", "--no-internet"])
     rcfg = C.RolloutConfig(max_turns=5, max_context=8192, concurrency=4)
     client = C.docker_client()
-    before = {im.id for im in client.images.list(filters={"label": C.LABEL})}
+    mine = {"label": [C.LABEL, f"reterm.run={C.RUN_ID}"]}  # this run's: the engine may be shared
+    before = {im.id for im in client.images.list(filters=mine)}
     with C.env_session():
         plan = [{"kind": "fresh", "key": "retry"}, {"kind": "fresh", "key": "pass1"}]
         (a, b), stats = G.run_groups(plan, cfg, {"retry": fails, "pass1": passes}, eng, rcfg)
@@ -399,7 +400,7 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
     rows = G.group_rows([a, b], True)
     assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
                                        a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
-    assert {im.id for im in client.images.list(filters={"label": C.LABEL})} <= before
+    assert {im.id for im in client.images.list(filters=mine)} <= before
 
 
 # ── main's loop with the rollouts and the update replaced: budget, resume ──
