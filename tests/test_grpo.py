@@ -163,6 +163,34 @@ def test_pool_sampling_follows_its_rule_and_retires_mastered(rule):
     assert pool.prune(retire_after=2, pool_max=1) == ["a", trimmed] and list(pool.states) == [kept]
 
 
+def test_update_pool_absorbs_each_new_failure_once_records_every_group_and_prunes(monkeypatch):
+    """Step 7 on hand-built groups: a fresh group's failed attempts (kept as snapshots) join the pool,
+    except the very same failed attempt twice (one image is enough) and one whose prefix leaves no
+    recovery room (counted as skipped_long): both images are removed. A fork group's attempts never
+    join; every group's success rate joins its start's history; a mastered state leaves."""
+    removed = []
+    monkeypatch.setattr(C, "remove_image", lambda image, host=None: removed.append(image))
+
+    def failed(text: str, snapshot: str | None) -> C.Episode:
+        return C.Episode(task=types.SimpleNamespace(name="t"), trace=C.TokenTrace(), snapshot=snapshot,
+                         messages=[{"role": "assistant", "content": text}], category="gave_up_early", turns=1)
+    fresh = G.Group("fresh", "t", "fresh", [failed("a", "img/a"), failed("a", "img/a2"),
+                                            failed("long", "img/l"), _ep(1, 1)], "t")
+    fork = G.Group("fork", "old", "timeout", [failed("x", "img/x"), _ep(1, 2)], "t")
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--retire-after", "1"])
+    pool = G.FailurePool(cfg.floor)
+    pool.add(C.FailureState("old", "t", "img/old", [], [1], "timeout"), "img/old", 0)
+    pool.add(C.FailureState("won", "t", "img/won", [], [1], "timeout"), "img/won", 0)
+    pool.hist["won"] = [1.0]
+    stats = G.update_pool(pool, [fresh, fork], 3, cfg, lambda s: s.messages[0]["content"] != "long")
+    new = [s for s in pool.states.values() if s["added"] == 3]
+    assert stats == {"added": 1, "states_lost": 0, "retired": 1, "pool": 2}
+    assert [s["state"]["snapshot"] for s in new] == ["img/a"] and sorted(pool.states) == sorted(
+        ["old", new[0]["state"]["id"]])
+    assert sorted(removed) == ["img/a2", "img/l", "img/won"] and pool.skipped_long == 1
+    assert pool.hist["t"] == [0.25] and pool.hist["old"] == [0.5]
+
+
 # ── a learning test: GRPO on a synthetic verifiable reward ─────────────────
 
 
