@@ -613,21 +613,21 @@ def main(argv: list[str] | None = None) -> Path:
             plan = plan_groups(step, cfg, pool, tasks) if rank == 0 else None  # 1. rank 0 draws B starts
             groups, stats = hand_off(plan, lambda share: run_groups(share, cfg, tasks, engine, rcfg),
                                      rank, world)  # 1. each rank rolls out its share, all get all
-            stats["env_errors"] = drop_env_failures(groups)
+            stats["env_errors"] = drop_env_failures(groups)  # a lost container says nothing of the policy
             kept, dropped = drop_uniform_groups(groups)  # 2. all-equal rewards: no signal
             rows = group_rows(kept, cfg.adv_std)  # 3. A_i = (r_i - mean r) / (std r + 1e-6), one per row
             t1 = time.monotonic()
             stats |= sleep_engine(engine, device)  # 4. the device goes to the trainer
             stats |= train_on_batch(model.train(), opt, rows, cfg, device, tok.pad_token_id, step=step,
-                                    ref_model=ref, rank=rank, world=world) if rows else {}  # 5.
+                                    ref_model=ref, rank=rank, world=world) if rows else {}  # 5. clipped PG
             stats |= wake_engine(model, engine, train_dtype, device)  # 6. the new weights pushed
             t2, env_total = time.monotonic(), env_total + stats.get("env_steps", 0)
             stats |= {"env_steps_total": env_total} | phase_times(stats, t1 - t0, t2 - t1)
             if rank == 0:
-                stats |= update_pool(pool, groups, step, cfg, fits_context)  # 7.
+                stats |= update_pool(pool, groups, step, cfg, fits_context)  # 7. failures in, mastered out
                 metrics = {"step": step} | step_metrics(groups, dropped, pool) | stats
-                record_step(out, cfg, metrics, rows, pool, tensorboard)  # 8.
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or spent():  # + the last
+                record_step(out, cfg, metrics, rows, pool, tensorboard)  # 8. metrics.jsonl, log line
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or spent():  # 8. ckpt
                 saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
                 C.save_checkpoint(out / "ckpt", model, opt,
                                   {"step": step, "env_steps": env_total, "pool": saved_pool})
