@@ -460,16 +460,13 @@ def recovery_rows(cfg: Config, tasks: list[C.Task], writer: Writer, scaffold: C.
                 ep = C.first_attempt(t, student.tokenizer, rcfg, seed=cfg.seed + i)
                 pool.submit(ep, commit="all", tag=(k, None))
             for (k, attempt), ep in pool.completed():
-                if attempt is not None:  # the teacher's recovery of `attempt` ended
-                    C.remove_image(attempt.snapshot)
+                if attempt is not None:  # the teacher's recovery of `attempt` ended (its snapshot gone)
                     settle(attempt, k, ep)
                 elif ep.reward >= 1.0 or not ep.snapshot:
                     C.remove_image(ep.snapshot)
                     settle(ep, k, None)
                 elif teacher is not None:
-                    state = C.FailureState.from_episode(ep, cfg.student_model or cfg.model)
-                    pool.submit(C.recovery_attempt(ep.task, state, teacher.tokenizer, rcfg), ep.snapshot,
-                                tag=(k, ep), engine=teacher)
+                    pool.fork_recovery(ep, cfg.student_model or cfg.model, tag=(k, ep), engine=teacher)
                 else:
                     api_jobs.append((ep, k, api.submit(api_recover, ep)))
         for ep, k, job in api_jobs:

@@ -426,11 +426,9 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
         for (i, j, kind), ep in rollouts.completed():
             g = groups[i]
             if cfg.mode == "standard_retry" and kind == "attempt" and ep.snapshot and ep.error is None:
-                state = C.FailureState.from_episode(ep, "retry")
-                g.retries[j] = C.recovery_attempt(tasks[g.task], state, tok, rcfg)
-                rollouts.submit(g.retries[j], ep.snapshot, commit="none", tag=(i, j, "recovery"))
+                g.retries[j] = rollouts.fork_recovery(ep, "retry", tag=(i, j, "recovery"))
     for ep in (ep for g in groups if cfg.mode == "standard_retry" for ep in g.episodes if ep.snapshot):
-        C.remove_image(ep.snapshot)  # its recovery has run
+        C.remove_image(ep.snapshot)  # an attempt that errored after its snapshot: no recovery ran
         ep.snapshot = None
     stats = rollouts.stats() | {k: C.HOSTS.counts[k] for k in ("moves", "move_s", "hosts_lost")
                                 if C.HOSTS.counts[k]}

@@ -269,13 +269,10 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path, imag
             ep = C.first_attempt(task, tok, rcfg, seed=cfg.seed + j)
             pool.submit(ep, commit="failed" if cfg.recovery else "none", tag=(k, j, None))
         for (k, j, trial), ep in pool.completed():
-            if trial is None and ep.snapshot:  # a failed trial: fork its recovery now
-                state = C.FailureState.from_episode(ep, cfg.model)
-                rec = C.recovery_attempt(ep.task, state, tok, rcfg, seed=cfg.seed + j + 2**20)  # own seeds
-                pool.submit(rec, ep.snapshot, tag=(k, j, ep))
+            if trial is None and ep.snapshot:  # a failed trial: fork its recovery now, with its own seeds
+                pool.fork_recovery(ep, cfg.model, tag=(k, j, ep), seed=cfg.seed + j + 2**20)
                 continue
-            if trial is not None:
-                C.remove_image(trial.snapshot)
+            if trial is not None:  # the recovery of `trial` ended (its snapshot gone)
                 save_trajectory(out, f"{ep.task.name}__{k}__recovery", ep)
                 C.append_jsonl(out / "recovery.jsonl", {
                     "task": ep.task.name, "trial": k, "category": trial.category, "reward": ep.reward,

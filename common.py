@@ -2874,16 +2874,18 @@ class EngineQueue:
 
 class RolloutPool:
     """`cfg.concurrency` container slots running episodes on their own clocks. submit() queues an
-    episode (a fresh container of its task, or one forked from `image`); completed() yields
-    (tag, episode) as episodes finish, including ones submitted meanwhile. An environment failure
-    (container won't start or dies, an exec or snapshot errors) ends only that episode, with
-    `error` set and reward 0; an engine failure is raised. Use as a context manager."""
+    episode (a fresh container of its task, or one forked from `image`); fork_recovery() queues a
+    failed attempt's recovery in a fork of its container; completed() yields (tag, episode) as
+    episodes finish, including ones submitted meanwhile. An environment failure (container won't
+    start or dies, an exec or snapshot errors) ends only that episode, with `error` set and reward 0;
+    an engine failure is raised. Use as a context manager."""
 
     def __init__(self, engine: Any, cfg: RolloutConfig, internet: bool = True):
         self.engine, self.cfg, self.internet = engine, cfg, internet
         self.slots = ThreadPoolExecutor(max_workers=max(1, cfg.concurrency), thread_name_prefix="reterm-slot")
         self.queues: dict[int, EngineQueue] = {}
         self.live: dict[Future, Any] = {}
+        self.forked_from: dict[Future, Episode] = {}  # a recovery's future -> the attempt it forks
         self.closed = threading.Event()
         self.lock = threading.Lock()
         self.counts: collections.Counter = collections.Counter()
@@ -2909,10 +2911,27 @@ class RolloutPool:
         self.live[fut] = tag
         return fut
 
+    def fork_recovery(self, attempt: Episode, policy: str, tag: Any = None, engine: Any = None,
+                      seed: int | None = None) -> Episode:
+        """Queue the recovery of a failed `attempt` in a fork of its container: a container started
+        from the attempt's snapshot (committed before its verifier ran), the recovery message, then
+        `engine`'s turns (default the pool's). `policy` names who failed (FailureState.policy).
+        Once the recovery has ended, completed() removes the attempt's snapshot image and sets
+        `attempt.snapshot` to None before it yields the recovery."""
+        engine = engine or self.engine
+        state = FailureState.from_episode(attempt, policy)
+        recovery = recovery_attempt(attempt.task, state, engine.tokenizer, self.cfg, seed=seed)
+        self.forked_from[self.submit(recovery, attempt.snapshot, tag=tag, engine=engine)] = attempt
+        return recovery
+
     def completed(self) -> Iterator[tuple[Any, Episode]]:
         while self.live:
             done, _ = wait(list(self.live), return_when=FIRST_COMPLETED)
             for fut in done:
+                attempt = self.forked_from.pop(fut, None)
+                if attempt is not None:  # its recovery has run: the fork's image goes
+                    remove_image(attempt.snapshot)
+                    attempt.snapshot = None
                 yield self.live.pop(fut), fut.result()
 
     def stats(self) -> dict:

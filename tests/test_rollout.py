@@ -73,6 +73,36 @@ def test_failure_snapshot_and_forked_recovery(make_task, tok):
         C.remove_image(ep.snapshot)
 
 
+def test_fork_recovery_starts_from_the_attempts_snapshot_and_removes_it(make_task, tok):
+    """RolloutPool.fork_recovery (01's policy teacher, 04's standard_retry, 05's --recovery): the
+    recovery runs in a fork of the failed attempt's container, with the engine and seed it is given,
+    and the attempt's snapshot image is gone by the time completed() yields the recovery."""
+    task = C.load_task(make_task("forkrec"))
+    student = ScriptedEngine(tok, [call("echo wrong > /app/out.txt && cd /tmp"), "Done."])
+    teacher = ScriptedEngine(tok, [call("pwd; cat /app/out.txt"), call("echo ok > /app/out.txt"), "Fixed."])
+    images, yielded = [], []
+    try:
+        with C.env_session(), C.RolloutPool(student, cfg()) as pool:
+            pool.submit(C.first_attempt(task, tok), commit="failed", tag=None)
+            for attempt, ep in pool.completed():
+                yielded.append((attempt, ep))
+                if attempt is None:
+                    assert ep.reward == 0.0 and ep.snapshot
+                    images.append(ep.snapshot)
+                    rec = pool.fork_recovery(ep, "student", tag=ep, engine=teacher, seed=7)
+                    assert rec.parent == C.FailureState.from_episode(ep).id and rec.seed == 7
+                else:
+                    assert attempt.snapshot is None
+                    assert not C.docker_client().images.list(filters={"reference": images[0]})
+        (_, first), (attempt, rec) = yielded
+        assert attempt is first and rec.reward == 1.0
+        assert rec.messages[rec.attempt_from + 1]["content"].startswith("/tmp\nwrong\n")  # its cwd, its files
+        assert rec.trace.ids[: len(first.trace.ids)] == first.trace.ids
+    finally:
+        for image in images:
+            C.remove_image(image)
+
+
 def test_error_categories():
     def ep(end="answered", cmds=(), turns=3, malformed=0):
         e = C.Episode(task=None, messages=[], trace=C.TokenTrace(), end=end, turns=turns, malformed=malformed)
