@@ -3,7 +3,7 @@
   Part I, the algorithm (read this first)                                             who uses it
   agent protocol    system prompt, bash tool, tool-call parser, recovery turn, Scaffold  every stage
   tokens & masks    token-in/token-out traces, delta rendering, SFT's tokenisation       every stage
-  policy engines    generate / update_weights: the vLLM and transformers engines         01-05
+  engine interface  Generation, SamplingConfig: what generate() returns, how it samples  01-05
   an episode        Episode, FailureState, error categories, the turn loop, the verdict  01 03 04 05
   training math     length buckets, collate, masked token log-probs                      02 04
 
@@ -12,7 +12,7 @@
   tasks             Harbor task folders -> Task (validated limits), --sample splits      01 03 04 05
   docker env        engine, task images, Env (bash tool, snapshot, verify), reaper       01 03 04 05
   docker hosts      several engines: placement, snapshot copies, lost engines            01 03 04 05
-  models: loading   model/tokenizer folders, vLLM's construction                         01-05
+  models & engines  model/tokenizer folders; VLLMEngine, HFEngine, make_engine           01-05
   rollout pool      RolloutPool (episodes on their own clocks), the engine thread        01 03 04 05
   training          FSDP2, distributed helpers, checkpoints, HF export                   02 04
   tooling           tiny models made on the spot (tests, run_tiny.sh) and the CLI        tests, scripts
@@ -59,8 +59,11 @@ LABEL = "reterm"  # every container and snapshot image we create carries this la
 
 
 # ████████████████████████████████████████████████████████████████████████████
-# Part I · the algorithm: the agent's protocol, its token trace, an episode's turns, the
-#          engines that sample them and the math training runs on them. Read this first.
+# Part I · the algorithm: the agent's protocol, its token trace, the engine interface, an
+#          episode's turns and the math training runs on them. Read this first. An episode runs
+#          against the environment interface, defined in Part II: Task (instruction, limits), Env
+#          (bash -> CmdResult, snapshot, verify; ContainerDied when the agent kills its container)
+#          and remove_image (a snapshot dropped). Part I names nothing else of Part II.
 # ████████████████████████████████████████████████████████████████████████████
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -228,6 +231,33 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def _text_ids(tokenizer: Any, text: str) -> list[int]:
+    """`text` as plain text: the tokenizer's own pipeline without its added-token matching, so a
+    `<|im_end|>` or `<tool_call>` string becomes ordinary pieces, never the control token's id."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
+
+
+def _encode_observed(tokenizer: Any, text: str, observed: dict[str, str]) -> list[int]:
+    """Encode a rendered delta whose observation texts stand as placeholders (keys of `observed`):
+    the template's own markup keeps its control tokens, an observation's text is only text. Output
+    without any added-token string tokenises exactly as the whole text always did."""
+    whole = text
+    for key, body in observed.items():
+        whole = whole.replace(key, body)
+    added = tokenizer.get_added_vocab()
+    if (not any(t in body for body in observed.values() for t in added)
+            or any(text.count(key) != 1 for key in observed)):  # a template that rewrites content
+        return _encode(tokenizer, whole)
+    ids: list[int] = []
+    for part in re.split(f"({'|'.join(map(re.escape, observed))})", text):
+        ids += _text_ids(tokenizer, observed[part]) if part in observed else _encode(tokenizer, part)
+    return ids
+
+
 def render_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
     """Token ids of a whole rendered conversation (used for the first prompt only)."""
     return _encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt))
@@ -335,10 +365,11 @@ def tokenize_messages(tokenizer: Any, messages: list[dict], train_from_message_i
 
 
 # ════════════════════════════════════════════════════════════════════════════
-# policy engines
+# the engine interface
 # ════════════════════════════════════════════════════════════════════════════
-# One interface, two engines: generate(prompt ids) -> Generation, and
-# update_weights(named tensors) after each optimizer step.
+# A policy engine samples the agent's turns: generate(prompt ids, sampling, seeds) -> one
+# Generation per prompt, and update_weights(named tensors) after each optimizer step. Two
+# engines implement it, built by make_engine (Part II): vLLM's and transformers'.
 
 @dataclasses.dataclass
 class Generation:
@@ -353,170 +384,6 @@ class SamplingConfig:
     top_p: float = 1.0
     max_tokens: int = 2048  # per assistant turn
     seed: int | None = None  # reproducible batches; copies of one prompt still differ (vLLM: seed + i)
-
-
-class VLLMEngine:
-    """vllm.LLM in this process (weights are handed over by reference, one tensor at a time). On
-    CPU it needs eager mode; it starts in a few seconds on a tiny model.
-    logprobs_mode="processed_logprobs": logprobs under the temperature/top-p distribution the
-    token was drawn from (the behaviour policy), as HFEngine returns them.
-
-    Built by _start_vllm (Part II): one engine per rank under torchrun."""
-
-    def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
-                 gpu_memory_utilization: float = 0.5, seed: int = 0, continuous: bool = True,
-                 enable_sleep_mode: bool = False, **llm_kw: Any):
-        self.tokenizer, self.llm, self.sleeps = _start_vllm(  # the settings live with the plumbing
-            model_path, dtype, max_model_len, gpu_memory_utilization, seed, enable_sleep_mode, llm_kw)
-        self.device = rank_device()  # the engine's GPU: EngineQueue's thread serves on it
-        self._request_ids = itertools.count()
-        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
-
-    def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=seed,
-                              stop_token_ids=[self.tokenizer.eos_token_id],
-                              output_kind=RequestOutputKind.FINAL_ONLY)
-
-    @staticmethod
-    def _generation(c: Any) -> Generation:
-        ids = list(c.token_ids)
-        lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
-        return Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length")
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int | None] | None = None) -> list[Generation]:
-        """One batch; prompt i samples with seeds[i] (default: sampling.seed + i)."""
-        from vllm import TokensPrompt
-
-        if seeds is None:
-            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
-        params = [self._params(sampling, s) for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [self._generation(out.outputs[0]) for out in outs]
-
-    # Request-level API for EngineQueue's continuous batching: a request joins at any step, leaves when done
-    def add_request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> str:
-        from vllm import TokensPrompt
-
-        rid = f"reterm-{next(self._request_ids)}"
-        params = self._params(sampling, seed)
-        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
-        return rid
-
-    def step(self) -> list[tuple[str, Generation]]:
-        outs = self.llm.llm_engine.step()
-        return [(o.request_id, self._generation(o.outputs[0])) for o in outs if o.finished]
-
-    def abort(self, request_ids: list[str]) -> None:
-        self.llm.llm_engine.abort_request(request_ids)
-
-    # Sleep mode, as vLLM documents it for RL weight updates: level 2 discards the weights and
-    # the KV cache (level 1 would first copy the weights to pinned CPU memory, ~18 GB for a 9B
-    # model in bf16, only for update_weights to overwrite them); wake the weights' memory, load
-    # the new weights, then wake the KV cache.
-    def sleep(self) -> None:
-        if self.sleeps:
-            self.llm.sleep(level=2)
-
-    def wake_weights(self) -> None:
-        if self.sleeps:
-            self.llm.wake_up(tags=["weights"])
-
-    def wake_kv(self) -> None:
-        if self.sleeps:
-            self.llm.wake_up(tags=["kv_cache"])
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
-        the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
-        load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
-        enter_rank_device(self.device)  # from whichever thread pushes: the engine's own GPU
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
-                                                          "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()
-
-    def close(self) -> None:
-        """Shut the engine core down. Under the external launcher this also destroys torch's
-        process groups (vLLM's cleanup does), so call it after the last collective."""
-        self.llm.llm_engine.engine_core.shutdown()
-
-
-class HFEngine:
-    """transformers fallback with VLLMEngine's interface: batched, left-padded sampling."""
-
-    def __init__(self, model_path: str | Path | None = None, dtype: str = "float32", model: Any = None,
-                 tokenizer: Any = None, device: str | None = None):
-        import torch
-
-        self.model = model if model is not None else load_model(model_path, getattr(torch, dtype))
-        self.tokenizer = tokenizer or load_tokenizer(model_path or self.model.name_or_path)
-        self.device = torch.device(device) if device else rank_device()
-        self.model.to(self.device).eval()
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int | None] | None = None) -> list[Generation]:
-        """One batch. transformers draws a batch from one generator: seeds[0] (default
-        sampling.seed) seeds it, so results depend on how requests were batched."""
-        import torch
-
-        seed = seeds[0] if seeds else sampling.seed
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        greedy = sampling.temperature == 0
-        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
-                                       "top_k": 0}  # top_k=0: ignore a checkpoint's generation_config
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_tokens,
-                                      do_sample=not greedy, eos_token_id=eos, pad_token_id=pad,
-                                      output_scores=True, return_dict_in_generate=True, **sample_kw)
-        # `scores` are the processed logits the sampler drew from, so these are behaviour logprobs.
-        new = out.sequences[:, width:]
-        logps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None])[..., 0]
-        gens = []
-        for row, lp in zip(new.tolist(), logps.tolist(), strict=True):
-            n = row.index(eos) + 1 if eos in row else len(row)
-            gens.append(Generation(row[:n], lp[:n], "stop" if eos in row else "length"))
-        return gens
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy each tensor into the parameter (or buffer) of that name as it arrives."""
-        import torch
-
-        own = dict(self.model.state_dict(keep_vars=True))
-        with torch.no_grad():
-            for name, t in named_tensors:
-                if name not in own:
-                    raise KeyError(f"update_weights: unknown parameter name {name}")
-                own[name].copy_(t)
-
-    # The transformers engine has no sleep mode: its copy of the weights stays where it is (it is
-    # the fallback for machines without vLLM, where memory is not the limit).
-    def sleep(self) -> None:
-        pass
-
-    def wake_weights(self) -> None:
-        pass
-
-    def wake_kv(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
-    """'vllm' (fast rollouts) or 'hf' (no vLLM installed)."""
-    engines = {"vllm": VLLMEngine, "hf": HFEngine}
-    check_choice("--engine", kind, engines)
-    return engines[kind](model_path, **kw)
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -693,6 +560,16 @@ def _act(ep: Episode, env: Env, gen: Generation, tokenizer: Any, cfg: RolloutCon
     return res.seconds
 
 
+def infra_error(what: str, e: BaseException | str) -> str:
+    """The error text of a trial lost to the infrastructure (not to the agent): `--retry-errors`
+    re-runs exactly the rows whose error starts like this."""
+    return f"infra: {what}: {e if isinstance(e, str) else f'{type(e).__name__}: {e}'}"
+
+
+def is_infra_error(error: str | None) -> bool:
+    return bool(error) and error.startswith("infra: ")
+
+
 def _turn_seed(seed: int | None, turn: int) -> int | None:
     """A request's seed from its episode's seed and turn: the same tokens whatever the batch."""
     return None if seed is None else (seed * 1_000_003 + turn) % 2**31
@@ -814,6 +691,11 @@ def collate(traces: list[TokenTrace], pad_id: int, packed: bool = False, width: 
     return batch
 
 
+def text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int = 1024) -> Any:
     """log π(ids[:, t] | ids[:, <t]) as fp32 [B, T] at every t that batch["loss_mask"] trains in some row;
     0 elsewhere (callers multiply by the mask). Differentiable. Full-vocabulary logits of a long row
@@ -860,8 +742,8 @@ def token_logprobs(model: Any, batch: dict, temperature: float = 1.0, chunk: int
 
 # ████████████████████████████████████████████████████████████████████████████
 # Part II · plumbing a first read may skip: config and logging, Harbor tasks, the Docker
-#           environment, several Docker hosts, model loading, the rollout pool, distributed
-#           training and checkpoints, tiny models and the command line.
+#           environment, several Docker hosts, model loading and the two engines, the rollout
+#           pool, distributed training and checkpoints, tiny models and the command line.
 # ████████████████████████████████████████████████████████████████████████████
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -1850,16 +1732,6 @@ def _volume_complete(client: Any, tag: str, vol: str) -> bool:
         return False
 
 
-def infra_error(what: str, e: BaseException | str) -> str:
-    """The error text of a trial lost to the infrastructure (not to the agent): `--retry-errors`
-    re-runs exactly the rows whose error starts like this."""
-    return f"infra: {what}: {e if isinstance(e, str) else f'{type(e).__name__}: {e}'}"
-
-
-def is_infra_error(error: str | None) -> bool:
-    return bool(error) and error.startswith("infra: ")
-
-
 def _reward_value(x: Any) -> float:
     """One reward: a finite number in [0, 1] (a bool or a string such as 'inf' or 'nan' is not)."""
     if isinstance(x, bool) or not isinstance(x, (int, float, str)):
@@ -2642,7 +2514,7 @@ def use_docker_hosts(spec: str, move: str = "auto") -> Hosts:
 
 
 # ════════════════════════════════════════════════════════════════════════════
-# models: loading
+# models: loading, and the policy engines that sample from them
 # ════════════════════════════════════════════════════════════════════════════
 
 def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
@@ -2659,33 +2531,6 @@ def _pretrained(loader: Callable, path: str | Path, **kw: Any) -> Any:
         if local:
             raise
         raise FileNotFoundError(f"{missing} (hub: {str(e).splitlines()[0]})") from None
-
-
-def _text_ids(tokenizer: Any, text: str) -> list[int]:
-    """`text` as plain text: the tokenizer's own pipeline without its added-token matching, so a
-    `<|im_end|>` or `<tool_call>` string becomes ordinary pieces, never the control token's id."""
-    backend = tokenizer.backend_tokenizer
-    if backend.normalizer is not None:
-        text = backend.normalizer.normalize_str(text)
-    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer else [(text, None)]
-    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
-
-
-def _encode_observed(tokenizer: Any, text: str, observed: dict[str, str]) -> list[int]:
-    """Encode a rendered delta whose observation texts stand as placeholders (keys of `observed`):
-    the template's own markup keeps its control tokens, an observation's text is only text. Output
-    without any added-token string tokenises exactly as the whole text always did."""
-    whole = text
-    for key, body in observed.items():
-        whole = whole.replace(key, body)
-    added = tokenizer.get_added_vocab()
-    if (not any(t in body for body in observed.values() for t in added)
-            or any(text.count(key) != 1 for key in observed)):  # a template that rewrites content
-        return _encode(tokenizer, whole)
-    ids: list[int] = []
-    for part in re.split(f"({'|'.join(map(re.escape, observed))})", text):
-        ids += _text_ids(tokenizer, observed[part]) if part in observed else _encode(tokenizer, part)
-    return ids
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -2782,6 +2627,170 @@ def _start_vllm(model_path: str | Path, dtype: str, max_model_len: int, gpu_memo
                    tensor_parallel_size=1, enable_sleep_mode=sleeps,
                    logprobs_mode="processed_logprobs", **kw, **llm_kw)
     return tokenizer, llm, sleeps
+
+
+class VLLMEngine:
+    """vllm.LLM in this process (weights are handed over by reference, one tensor at a time). On
+    CPU it needs eager mode; it starts in a few seconds on a tiny model.
+    logprobs_mode="processed_logprobs": logprobs under the temperature/top-p distribution the
+    token was drawn from (the behaviour policy), as HFEngine returns them.
+
+    Built by _start_vllm: one engine per rank under torchrun."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "bfloat16", max_model_len: int = 32768,
+                 gpu_memory_utilization: float = 0.5, seed: int = 0, continuous: bool = True,
+                 enable_sleep_mode: bool = False, **llm_kw: Any):
+        self.tokenizer, self.llm, self.sleeps = _start_vllm(  # the settings live with the plumbing
+            model_path, dtype, max_model_len, gpu_memory_utilization, seed, enable_sleep_mode, llm_kw)
+        self.device = rank_device()  # the engine's GPU: EngineQueue's thread serves on it
+        self._request_ids = itertools.count()
+        self.continuous = continuous  # EngineQueue steps requests one decoding step at a time
+
+    def _params(self, sampling: SamplingConfig, seed: int | None) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=seed,
+                              stop_token_ids=[self.tokenizer.eos_token_id],
+                              output_kind=RequestOutputKind.FINAL_ONLY)
+
+    @staticmethod
+    def _generation(c: Any) -> Generation:
+        ids = list(c.token_ids)
+        lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs, strict=True)]
+        return Generation(ids, lps, "stop" if c.finish_reason == "stop" else "length")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int | None] | None = None) -> list[Generation]:
+        """One batch; prompt i samples with seeds[i] (default: sampling.seed + i)."""
+        from vllm import TokensPrompt
+
+        if seeds is None:
+            seeds = [None if sampling.seed is None else sampling.seed + i for i in range(len(prompts))]
+        params = [self._params(sampling, s) for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [self._generation(out.outputs[0]) for out in outs]
+
+    # Request-level API for EngineQueue's continuous batching: a request joins at any step, leaves when done
+    def add_request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> str:
+        from vllm import TokensPrompt
+
+        rid = f"reterm-{next(self._request_ids)}"
+        params = self._params(sampling, seed)
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        return rid
+
+    def step(self) -> list[tuple[str, Generation]]:
+        outs = self.llm.llm_engine.step()
+        return [(o.request_id, self._generation(o.outputs[0])) for o in outs if o.finished]
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(request_ids)
+
+    # Sleep mode, as vLLM documents it for RL weight updates: level 2 discards the weights and
+    # the KV cache (level 1 would first copy the weights to pinned CPU memory, ~18 GB for a 9B
+    # model in bf16, only for update_weights to overwrite them); wake the weights' memory, load
+    # the new weights, then wake the KV cache.
+    def sleep(self) -> None:
+        if self.sleeps:
+            self.llm.sleep(level=2)
+
+    def wake_weights(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up(tags=["weights"])
+
+    def wake_kv(self) -> None:
+        if self.sleeps:
+            self.llm.wake_up(tags=["kv_cache"])
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (HF checkpoint names) in place, then drop cached prefixes computed with
+        the old ones. `named_tensors` is consumed lazily, one tensor at a time (the model's
+        load_weights iterates it): pass a generator and no full copy of the weights ever exists."""
+        enter_rank_device(self.device)  # from whichever thread pushes: the engine's own GPU
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors,
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine core down. Under the external launcher this also destroys torch's
+        process groups (vLLM's cleanup does), so call it after the last collective."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+class HFEngine:
+    """transformers fallback with VLLMEngine's interface: batched, left-padded sampling."""
+
+    def __init__(self, model_path: str | Path | None = None, dtype: str = "float32", model: Any = None,
+                 tokenizer: Any = None, device: str | None = None):
+        import torch
+
+        self.model = model if model is not None else load_model(model_path, getattr(torch, dtype))
+        self.tokenizer = tokenizer or load_tokenizer(model_path or self.model.name_or_path)
+        self.device = torch.device(device) if device else rank_device()
+        self.model.to(self.device).eval()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int | None] | None = None) -> list[Generation]:
+        """One batch. transformers draws a batch from one generator: seeds[0] (default
+        sampling.seed) seeds it, so results depend on how requests were batched."""
+        import torch
+
+        seed = seeds[0] if seeds else sampling.seed
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        greedy = sampling.temperature == 0
+        sample_kw = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                       "top_k": 0}  # top_k=0: ignore a checkpoint's generation_config
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_tokens,
+                                      do_sample=not greedy, eos_token_id=eos, pad_token_id=pad,
+                                      output_scores=True, return_dict_in_generate=True, **sample_kw)
+        # `scores` are the processed logits the sampler drew from, so these are behaviour logprobs.
+        new = out.sequences[:, width:]
+        logps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None])[..., 0]
+        gens = []
+        for row, lp in zip(new.tolist(), logps.tolist(), strict=True):
+            n = row.index(eos) + 1 if eos in row else len(row)
+            gens.append(Generation(row[:n], lp[:n], "stop" if eos in row else "length"))
+        return gens
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy each tensor into the parameter (or buffer) of that name as it arrives."""
+        import torch
+
+        own = dict(self.model.state_dict(keep_vars=True))
+        with torch.no_grad():
+            for name, t in named_tensors:
+                if name not in own:
+                    raise KeyError(f"update_weights: unknown parameter name {name}")
+                own[name].copy_(t)
+
+    # The transformers engine has no sleep mode: its copy of the weights stays where it is (it is
+    # the fallback for machines without vLLM, where memory is not the limit).
+    def sleep(self) -> None:
+        pass
+
+    def wake_weights(self) -> None:
+        pass
+
+    def wake_kv(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_engine(kind: str, model_path: str | Path, **kw: Any) -> VLLMEngine | HFEngine:
+    """'vllm' (fast rollouts) or 'hf' (no vLLM installed)."""
+    engines = {"vllm": VLLMEngine, "hf": HFEngine}
+    check_choice("--engine", kind, engines)
+    return engines[kind](model_path, **kw)
 
 
 # ════════════════════════════════════════════════════════════════════════════
@@ -3110,11 +3119,6 @@ def all_reduce_sum(x: float) -> float:
     t = torch.tensor([float(x)], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.item()
-
-
-def text_config(model: Any) -> Any:
-    cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def shard_model(model: Any, mixed_precision: bool = False) -> Any:

@@ -174,3 +174,45 @@ def test_common_opens_with_the_algorithm():
     assert first_section <= PART_I_START_BY, f"Part I's first section starts at line {first_section}"
     assert part2 - part1 <= PART_I_MAX, f"Part I runs {part2 - part1} lines"
     assert part1 < first_section < part2
+
+
+# What Part I may name of Part II: the environment interface an episode runs against (its header says so)
+ENV_INTERFACE = {"Task", "Env", "CmdResult", "ContainerDied", "remove_image"}
+
+
+def _forward_references(source: str) -> dict[str, set[str]]:
+    """Part II's top-level names (functions, classes, assigned names) that Part I's top-level code
+    names, annotations included, each with the Part I definitions that name it."""
+    lines = source.splitlines()
+    part1, _, part2 = _parts(lines)
+    tree = ast.parse(source)
+    later = set()
+    for n in (n for n in tree.body if n.lineno > part2):
+        if isinstance(n, ast.FunctionDef | ast.ClassDef):
+            later.add(n.name)
+        targets = n.targets if isinstance(n, ast.Assign) else [getattr(n, "target", None)]
+        later |= {t.id for t in targets if isinstance(t, ast.Name)}
+    refs: dict[str, set[str]] = {}
+    for n in (n for n in tree.body if part1 < n.lineno < part2):
+        for m in ast.walk(n):
+            if isinstance(m, ast.Name) and m.id in later:
+                refs.setdefault(m.id, set()).add(getattr(n, "name", f"line {n.lineno}"))
+    return refs
+
+
+def test_part_one_names_only_the_environment_interface_of_part_two():
+    """Part I reads without forward references into the plumbing: of Part II it names only the
+    environment interface (Task, Env and its CmdResult, ContainerDied, remove_image)."""
+    refs = _forward_references(COMMON.read_text())
+    assert "Task" in refs, "the check found none of Part I's uses of Task"
+    extra = {name: sorted(users) for name, users in refs.items() if name not in ENV_INTERFACE}
+    assert not extra, f"Part I names these Part II definitions (move them, or the user, across): {extra}"
+
+
+def test_the_forward_reference_check_catches_a_new_one():
+    bar = "# " + "█" * 20
+    src = "\n".join(["x = 1", bar, "# Part I · algorithm", bar, "", "# " + "═" * 20, "# s", "# " + "═" * 20,
+                     "def algo(t: Task) -> int:", "    return helper(t) + LIMIT", "", bar,
+                     "# Part II · plumbing", bar, "class Task:", "    pass", "", "def helper(t):",
+                     "    return 1", "", "LIMIT = 2", ""])
+    assert _forward_references(src) == {"Task": {"algo"}, "helper": {"algo"}, "LIMIT": {"algo"}}
