@@ -2427,14 +2427,16 @@ def _engine_ncpu(host: str | None = None) -> int:
     return int(docker_client(host).info().get("NCPU", os.cpu_count() or 1))
 
 
-@functools.cache
 def _quota_storage(host: str | None = None) -> str | None:
     """How the engine can bound a container's files in the kernel (`--storage-opt size`): "btrfs"
     (a qgroup on the container's subvolume: its image's blocks count too), "xfs" (overlay2 on xfs
     mounted with pquota: the writable layer alone), or None (the storage watch alone). RETERM_STORAGE_QUOTA=0:
     None everywhere."""
-    if os.environ.get("RETERM_STORAGE_QUOTA") == "0":
-        return None
+    return None if os.environ.get("RETERM_STORAGE_QUOTA") == "0" else _engine_quota(host)
+
+
+@functools.cache
+def _engine_quota(host: str | None) -> str | None:
     info = docker_client(host).info()
     backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
     return {"btrfs": "btrfs", "overlay2": "xfs" if backing == "xfs" else None}.get(info.get("Driver"))

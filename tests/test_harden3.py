@@ -4,8 +4,11 @@ the agent killed blamed on the agent, and a verifier whose trust boundary holds 
 
 from __future__ import annotations
 
+import os
 import resource
+import subprocess
 import textwrap
+import threading
 import time
 
 import batch_rollouts as R
@@ -243,3 +246,86 @@ def _tar(files: dict[str, bytes]) -> bytes:
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+WRITERS = "for i in $(seq 20); do head -c 16M /dev/zero > /app/f$i & done; wait; echo finished"
+
+
+@pytest.mark.parametrize("bound", ["kernel", "watch"])
+def test_background_writers_under_a_64_mb_cap(make_task, monkeypatch, bound):
+    """20 background writers of 16 MB at once under `storage = "64M"`. With the engine's kernel quota
+    (btrfs qgroups, as docker-up builds it; CI's engine has one) at most 64 + 16 MB land; without one
+    (RETERM_STORAGE_QUOTA=0, or an engine with none) the watch stops them a poll late, and the
+    overshoot is printed (the figure, not a promise: it depends on the disk's speed)."""
+    if bound == "kernel" and not C._quota_storage():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI's engine must bound storage in the kernel (docker-up's btrfs data-root)")
+        pytest.skip("the engine has no kernel storage quota (point DOCKER_HOST at one docker-up built)")
+    if bound == "watch":
+        monkeypatch.setenv("RETERM_STORAGE_QUOTA", "0")
+    with start(make_task, f"fill{bound}", 'storage = "64M"\n') as env:
+        r = env.bash(WRITERS, timeout=60)
+        written = int(env.bash("du -sm /app | cut -f1").output.split()[0])
+        print(f"\n20 background 16 MB writers under a 64 MB cap ({bound}): {written} MB written")
+        if bound == "kernel":
+            assert env.container.attrs["HostConfig"]["StorageOpt"]["size"].endswith("M")
+            assert "Disk quota exceeded" in r.output and 48 <= written <= 80, (written, r.output[-300:])
+        else:
+            assert "finished" not in r.output and "passed the storage cap (64 MB" in r.output, r.output
+            assert 64 <= written <= 480, written
+        assert env.bash("rm -f /app/f*; echo usable").output.startswith("usable\n")  # a full one answers
+
+
+def test_sparse_files_are_stopped_and_the_snapshot_stays_under_the_cap(make_task):
+    """24 sparse files of 60 MB, from background processes that stay: they take no blocks (no kernel
+    quota sees them) but a snapshot would write them out whole. The watch counts apparent size: the
+    processes are stopped, a snapshot past the cap is refused (the agent's failure), and once the
+    agent deletes enough the snapshot is made, its layer within the cap."""
+    sparse = ("for i in $(seq 24); do (truncate -s 60M /app/s$i; sleep 30) & sleep 0.2; done; "
+              "wait; echo finished")
+    with start(make_task, "sparse", 'storage = "64M"\n') as env:
+        r = env.bash(sparse, timeout=60)
+        assert "finished" not in r.output and "passed the storage cap (64 MB" in r.output, r.output
+        n = int(env.bash("ls /app | wc -l").output.split()[0])
+        print(f"\n24 sparse 60 MB files under a 64 MB cap: {n} made before the writers were stopped")
+        assert 1 < n <= 24
+        with pytest.raises(C.ContainerDied, match="no snapshot.*past the storage cap"):
+            env.snapshot()
+        assert env.bash("rm -f /app/s[2-9]* /app/s1?; ls /app").output.startswith("s1\n")
+        snap = env.snapshot()
+        try:
+            api = env.container.client.api
+            grew = api.inspect_image(snap)["Size"] - api.inspect_image(env.image_id)["Size"]
+            assert grew <= 64 * 2**20, grew
+        finally:
+            C.remove_image(snap)
+
+
+def test_the_host_disk_floor_stops_the_biggest_writer_and_holds_new_episodes(make_task, tmp_path,
+                                                                             monkeypatch):
+    """A guarded output folder (a 160 MB tmpfs) falls under a 100 MB floor while a container writes:
+    the reserve stops that container's processes, a new episode waits and then fails in one line,
+    and starts again once space comes back."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the small filesystem needs root")
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(out)], check=True)
+    monkeypatch.setenv("RETERM_DISK_FLOOR_MB", "100")
+    monkeypatch.setattr(C, "DISK_WAIT", 3.0)
+    C.DISK.guard(out, "the test's output folder")
+    try:
+        with start(make_task, "floor") as env:
+            fill = threading.Timer(3.0, lambda: (out / "ckpt").write_bytes(b"\0" * 100 * 2**20))
+            fill.start()
+            r = env.bash("while :; do head -c 1M /dev/zero >> /app/g; sleep 0.2; done", timeout=30)
+            fill.join()
+            assert "under its floor of free space" in r.output and not r.timed_out, r.output
+            with pytest.raises(C.EnvError, match=r"only \d+ MB free on .*under the floor of 100 MB"):
+                start(make_task, "floor2")
+            (out / "ckpt").unlink()
+            with start(make_task, "floor3") as again:
+                assert again.bash("echo up").output == "up\n"
+    finally:
+        C.DISK.paths.pop(str(out), None)
+        subprocess.run(["umount", str(out)], check=True)
