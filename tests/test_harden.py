@@ -42,7 +42,8 @@ def test_fork_bomb_is_bounded_by_the_pid_limit(make_task):
         assert env.bash("echo usable").output == "usable\n"  # the spawned sleeps died with the command
 
 
-def test_disk_fillers_are_bounded(make_task):
+def test_disk_fillers_are_bounded(make_task, monkeypatch):
+    monkeypatch.setenv("RETERM_STORAGE_QUOTA", "0")  # the watch alone (the kernel quota: test_harden3)
     with start(make_task, "disk", 'storage = "64M"\n') as env:
         r = env.bash("yes > /app/big; echo rc=$?", timeout=60)  # one file: ulimit -f of the cap
         assert "rc=153" in r.output  # SIGXFSZ
