@@ -1411,6 +1411,9 @@ def _quota_data_root(log: Callable[[str], None] = print) -> list[str]:
     img = Path(os.environ.get("RETERM_DOCKER_IMG", "/var/lib/reterm-docker.img"))
     mnt = Path(os.environ.get("RETERM_DOCKER_ROOT", "/var/lib/reterm-docker"))
     try:
+        if not shutil.which("mkfs.btrfs") and shutil.which("apt-get"):
+            _sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                "btrfs-progs", True)
         if not os.path.ismount(mnt):
             if not img.exists():
                 img.parent.mkdir(parents=True, exist_ok=True)
