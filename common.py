@@ -925,9 +925,11 @@ def _bounded(kind: type, name: str) -> Callable[[str], Any]:
 
 
 def dump_config(cfg: Any, out_dir: str | Path) -> None:
-    """Write the run's config next to its outputs (config.json), with the command line."""
+    """Write the run's config next to its outputs (config.json), with the command line; the folder's
+    free space is guarded from then on (see DiskReserve)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    DISK.guard(out)
     record = {"argv": sys.argv, **dataclasses.asdict(cfg)}
     (out / "config.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 

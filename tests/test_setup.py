@@ -5,10 +5,13 @@ or does not see a GPU, an `apt-get` that installs nothing. Nothing is installed;
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+import common as C
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,3 +80,31 @@ def test_cpu_machine_builds_no_kernels(tmp_path):
     assert res.returncode == 0, res.stderr
     assert not kernel_build(calls) and any("uninstall" in c and "torchvision" in c for c in calls), calls
     assert any("common.py docker-up" in c for c in calls)
+
+
+def test_the_engine_docker_up_starts_gets_a_btrfs_data_root_with_quotas(tmp_path, monkeypatch):
+    """docker-up's storage flags, for real: a sparse loopback file, btrfs, mounted with quotas on,
+    reused once mounted; where there is no room for it, one line and the engine's defaults."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.btrfs"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI needs root and btrfs-progs (setup.sh installs them) for the quota engine")
+        pytest.skip("a loopback btrfs needs root and btrfs-progs")
+    img, mnt, lines = tmp_path / "engine.img", tmp_path / "root", []
+    monkeypatch.setenv("RETERM_DOCKER_IMG", str(img))
+    monkeypatch.setenv("RETERM_DOCKER_ROOT", str(mnt))
+    monkeypatch.delenv("RETERM_STORAGE_QUOTA", raising=False)
+    flags = C._quota_data_root(lines.append)
+    try:
+        assert flags == ["--storage-driver", "btrfs", "--data-root", f"{mnt}/docker"], lines
+        assert os.path.ismount(mnt) and img.stat().st_blocks * 512 < 2**30 < img.stat().st_size  # sparse
+        fs = subprocess.run(["stat", "-f", "-c", "%T", str(mnt)], capture_output=True, text=True).stdout
+        assert fs.strip() == "btrfs", fs
+        assert subprocess.run(["btrfs", "qgroup", "show", str(mnt)], capture_output=True).returncode == 0
+        assert C._quota_data_root(lines.append) == flags and len(lines) == 1, lines  # reused, not rebuilt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    monkeypatch.setenv("RETERM_DOCKER_IMG", str(tmp_path / "none.img"))
+    monkeypatch.setenv("RETERM_DOCKER_ROOT", str(tmp_path / "none"))
+    monkeypatch.setenv("RETERM_DISK_FLOOR_MB", str(2**40))  # no room left for it
+    assert C._quota_data_root(lines.append) == [] and not (tmp_path / "none.img").exists()
+    assert lines[-1].startswith("no kernel storage quota for the engine (") and "\n" not in lines[-1], lines
