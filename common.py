@@ -2116,15 +2116,15 @@ def _engine_root(host: str | None) -> str | None:
 
 
 def _loop_backing(path: str) -> str | None:
-    """The file behind the loop device `path` is mounted from, if it is one."""
-    with suppress(OSError, ValueError):
-        dev = os.stat(path).st_dev
+    """The file behind the loop device that the folder `path` is mounted from, if it is one."""
+    with suppress(OSError, ValueError, IndexError):
+        path, point, source = os.path.realpath(path), "", ""
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            f = line.split()
-            major, minor = map(int, f[2].split(":"))
-            if os.makedev(major, minor) == dev and "/loop" in line.split(" - ")[1].split()[1]:
-                loop = line.split(" - ")[1].split()[1].rsplit("/", 1)[1]
-                return Path(f"/sys/block/{loop}/loop/backing_file").read_text().strip()
+            mounted, dev = line.split()[4].replace("\\040", " "), line.split(" - ")[1].split()[1]
+            if (path == mounted or path.startswith(mounted.rstrip("/") + "/")) and len(mounted) >= len(point):
+                point, source = mounted, dev  # the innermost mount holding `path`
+        if source.startswith("/dev/loop"):
+            return Path(f"/sys/block/{source[5:]}/loop/backing_file").read_text().strip()
     return None
 
 

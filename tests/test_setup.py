@@ -100,6 +100,8 @@ def test_the_engine_docker_up_starts_gets_a_btrfs_data_root_with_quotas(tmp_path
         fs = subprocess.run(["stat", "-f", "-c", "%T", str(mnt)], capture_output=True, text=True).stdout
         assert fs.strip() == "btrfs", fs
         assert subprocess.run(["btrfs", "qgroup", "show", str(mnt)], capture_output=True).returncode == 0
+        (mnt / "docker").mkdir()  # the host's reserve guards the folder of the file behind it too
+        assert C._loop_backing(str(mnt / "docker")) == str(img) and C._loop_backing(str(tmp_path)) is None
         assert C._quota_data_root(lines.append) == flags and len(lines) == 1, lines  # reused, not rebuilt
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
