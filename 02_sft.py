@@ -72,6 +72,7 @@ class Config:
     save_every: int = 100  # steps between resumable checkpoints (0: only at the end)
     stop_after: int = 0  # end this invocation after N steps with a checkpoint (preemptible jobs); 0 = off
     seed: int = 0  # data order and init RNG
+    tensorboard: str = ""  # also write the metrics as TensorBoard events here (needs the tensorboard package)
 
 
 # ── data ────────────────────────────────────────────────────────────────────
@@ -411,6 +412,7 @@ def train_step(model, optimizer, scheduler, batches: list[dict], cfg: Config, de
 
 def main(argv: list[str] | None = None) -> Path:
     cfg = C.parse_config(Config, argv)
+    C.check_tensorboard(cfg.tensorboard)
     rank, world, device = C.init_distributed()
     out = Path(cfg.out)
     if cfg.micro_batch_tokens < cfg.max_len:
@@ -438,6 +440,7 @@ def main(argv: list[str] | None = None) -> Path:
            f"{total} steps x {per_step} micro-batches on {world} x {device.type}")
     model.train()
     bar = tqdm(total=total, initial=step, disable=rank != 0, desc="sft", file=sys.stdout)
+    tensorboard = C.tensorboard_writer(cfg.tensorboard) if rank == 0 else None
     while step < total:
         t0 = time.perf_counter()
         groups = plan[step * per_step + rank:(step + 1) * per_step:world]
@@ -454,6 +457,7 @@ def main(argv: list[str] | None = None) -> Path:
                     torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
         if rank == 0:
             C.append_jsonl(out / "metrics.jsonl", metrics)
+            C.log_scalars(tensorboard, metrics)
             mfu = f" | mfu {metrics['mfu']:.1%}" if peak else ""
             bar.write(f"step {step}/{total} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e} | "
                       f"grad-norm {metrics['grad_norm']:.3f} | tok/s {metrics['tokens_per_s']:,.0f}{mfu}")

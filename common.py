@@ -29,6 +29,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import importlib.util
 import inspect
 import io
 import itertools
@@ -1014,6 +1015,34 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def check_tensorboard(logdir: str) -> None:
+    """--tensorboard DIR needs the optional `tensorboard` package: without it, a one-line error
+    before the run starts."""
+    if logdir and importlib.util.find_spec("tensorboard") is None:
+        raise UserError(f"--tensorboard {logdir}: the tensorboard package is not installed "
+                        "(pip install tensorboard), or drop the flag")
+
+
+def tensorboard_writer(logdir: str) -> Any:
+    """A TensorBoard SummaryWriter on `logdir` for --tensorboard DIR; None without the flag."""
+    if not logdir:
+        return None
+    check_tensorboard(logdir)
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(logdir)
+
+
+def log_scalars(writer: Any, row: dict) -> None:
+    """A metrics.jsonl row as TensorBoard scalars at its step: the fields a curve draws
+    (`metric_fields`), under the same names. No writer: nothing."""
+    if writer is None:
+        return
+    for key in metric_fields([row]):
+        writer.add_scalar(key, row[key], row["step"])
+    writer.flush()
 
 
 def check_choice(flag: str, value: str, choices: Iterable[str]) -> None:

@@ -28,7 +28,7 @@ python3 03_collect_failures.py --tasks tasks --model "$OUT/sft/final" --out "$OU
   --attempts 1 --concurrency 8 --max-context 8192 "${ROLL[@]}"
 echo "== 04 ReTerm-GRPO (fork mode)"
 python3 04_reterm_grpo.py --failures "$OUT/failures/failures.jsonl" --tasks tasks \
-  --model "$OUT/sft/final" --out "$OUT/grpo" --steps 2 --batch-states 2 --group-size 4 \
+  --model "$OUT/sft/final" --out "$OUT/grpo" --steps 2 --groups-per-step 2 --group-size 4 \
   --lr 1e-4 --dtype float32 --max-context 8192 --concurrency 8 "${ROLL[@]}"
 python3 common.py plot "$OUT/grpo" --out "$OUT/grpo/metrics.png"   # 04's curves, one panel per metric
 # 04 is done with stage 03's failure states: their snapshot images go (a real run keeps them for

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 bash setup.sh
-python3 -m pytest -q "$@"
+python3 -m pytest -q -rs "$@"  # -rs: every skip with its reason

@@ -353,7 +353,7 @@ def grpo_chunk(cfg: Config, mode: str, sft: Path, out: Path, steps: int, budget:
                failures: Path, seed: int, last: bool, log: Path) -> int:
     """Run (or resume) 04 up to `steps` steps / `budget` env steps; returns its env steps so far."""
     args = ["04_reterm_grpo.py", "--model", sft, "--out", out, "--tasks", tasks_dir, "--mode", mode,
-            "--steps", steps, "--env-step-budget", budget, "--batch-states", cfg.batch_states,
+            "--steps", steps, "--env-step-budget", budget, "--groups-per-step", cfg.batch_states,
             "--group-size", cfg.group_size, "--fresh-frac", cfg.fresh_frac, "--lr", cfg.grpo_lr,
             "--dtype", "float32", "--seed", seed, "--save-every", 1, *pool_flags(cfg, seed), *roll_flags(cfg)]
     if mode == "fork":

@@ -85,7 +85,7 @@ def recovery_rate(cfg: Config, model: str | Path, states: list, tasks: dict) -> 
 def train(cfg: Config, mode: str, model: str, failures: Path, out: Path, budget: int = 0) -> tuple[Path, int]:
     args = ["--failures", str(failures), "--model", str(model), "--out", str(out), "--tasks", cfg.tasks,
             "--mode", mode, "--steps", str(cfg.steps if not budget else 100 * cfg.steps),
-            "--env-step-budget", str(budget), "--batch-states", str(cfg.batch_states),
+            "--env-step-budget", str(budget), "--groups-per-step", str(cfg.batch_states),
             "--group-size", str(cfg.group_size), "--fresh-frac", str(cfg.fresh_frac), "--lr", str(cfg.lr),
             "--max-tokens", str(cfg.max_tokens), "--max-turns", str(cfg.max_turns),
             "--max-context", str(cfg.max_context), "--engine", cfg.engine, "--dtype", cfg.dtype,

@@ -213,3 +213,27 @@ def second_engine(docker_ready):
     finally:
         eng.stop()
         shutil.rmtree(eng.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def learning_run(docker_ready, tmp_path_factory) -> tuple[Path, list[str], dict]:
+    """bench/experiment_learning.py end to end at a toy size, run once for the session: (its --out,
+    its argv, its results). A 64x2 model, a few steps, a GRPO pool kept out of SFT, --stale-vary
+    entries with --stale-compose names, and --entry-split dev twins, so that the run is also a block
+    for experiment_paired.py (its bank: the dev twins' failure states, forked twice each)."""
+    import importlib.util
+    import json
+
+    import experiment_learning as E
+
+    out = tmp_path_factory.mktemp("learning") / "exp"
+    argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
+            "--stale-frac", "0.5", "--stale-vary", "--stale-compose", "--entry-split", "--plain-frac", "1",
+            "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
+            "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
+            "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "2",
+            "--eval-trials", "1", "--max-turns", "2", "--max-tokens", "32", "--bootstrap", "50",
+            "--concurrency", "4", "--n-dev", "3", "--eval-on", "dev"]
+    if not importlib.util.find_spec("vllm"):
+        argv += ["--engine", "hf"]
+    return out, argv, json.loads(json.dumps(E.main(argv)))  # as JSON holds it (tuples become lists)

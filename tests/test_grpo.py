@@ -67,7 +67,8 @@ def test_clipped_policy_loss_by_hand():
     # per-token weights (the truncated IS weight) scale each token's term
     w = torch.tensor([[2.0, 1.0, 1.0], [1.0, 0.5, 1.0]])
     weighted = (-1.28 * 2 - 0.5 - 1.0 + 3.0 + 1.6 * 0.5) / 5
-    assert G.clipped_policy_loss(logp.detach(), old, adv, mask, weights=w).item() == pytest.approx(weighted)
+    assert G.clipped_policy_loss(logp.detach(), old, adv, mask, is_weights=w).item() == pytest.approx(
+        weighted)
     # custom clip range: eps_high 0.6 lets 1.5 through for A>0
     assert G.clipped_policy_loss(logp.detach(), old, adv, mask, 0.2, 0.6).item() == pytest.approx(
         (-1.5 - 0.5 - 1.0 + 3.0 + 1.6) / 5)
@@ -88,22 +89,26 @@ def _ep(reward: float, token: int, error: str | None = None) -> C.Episode:
     return C.Episode(task=None, messages=[], trace=trace, reward=reward, error=error, turns=1)
 
 
-def _rollout_step(monkeypatch, groups: list, *argv: str):
-    """Stage 04's rollout_step (collect → drop uniform → metrics → rows) on hand-built groups: only
-    run_groups, the containers and the engine, is replaced."""
-    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--batch-states", str(len(groups)), *argv])
-    monkeypatch.setattr(G, "run_groups", lambda plan, *a: (groups, {"env_steps": 0}))
-    return G.rollout_step(1, cfg, G.Pool(cfg.floor), {"t": None}, None, None)
+def _first_three_steps(groups: list, *argv: str):
+    """Stage 04's steps 1-3 on hand-built groups, as main runs them (environment failures dropped →
+    uniform groups dropped → rows with their advantages), and the step's metrics; returns (rows,
+    metrics)."""
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--groups-per-step", str(len(groups)),
+                                    *argv])
+    errors = G.drop_env_failures(groups)
+    kept, dropped = G.drop_uniform_groups(groups)
+    return G.group_rows(kept, cfg.adv_std), G.step_metrics(groups, dropped, G.FailurePool(cfg.floor)) | {
+        "env_errors": errors}
 
 
-def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry_goes(monkeypatch):
+def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry_goes():
     """Each failed attempt and its recovery are one sample with the recovery's reward; both rows
     carry that sample's advantage. Recovery rewards [1, 0] (unbiased std 1/√2): ±1/√2 on both rows of
     each pair. A sample whose recovery hit an environment error is dropped before the advantages."""
     a = G.Group("fresh", "t", "fresh", [_ep(0, 1), _ep(0, 3), _ep(0, 5)], "t",
                 retries=[_ep(1, 2), _ep(0, 4), _ep(0, 6, error="exec failed")])
     b = G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t", retries=[None, _ep(0, 9)])
-    rows, metrics = _rollout_step(monkeypatch, [a, b], "--mode", "standard_retry")  # --adv-std (default)
+    rows, metrics = _first_three_steps([a, b], "--mode", "standard_retry")  # --adv-std (default)
     h = 1 / math.sqrt(2)
     assert [(r.trace.ids[0], r.adv) for r in rows] == [
         (1, pytest.approx(h, abs=1e-5)), (2, pytest.approx(h, abs=1e-5)),  # failed → recovered: +
@@ -112,11 +117,11 @@ def test_standard_retry_pairs_share_their_samples_advantage_and_an_errored_retry
         (8, pytest.approx(-h, abs=1e-5)), (9, pytest.approx(-h, abs=1e-5))]
     assert metrics["env_errors"] == 1 and metrics["retry_recovery"] == pytest.approx(1 / 3)
     assert [g["rewards"] for g in metrics["group_rewards"]] == [[1.0, 0.0], [1.0, 0.0]]
-    rows, _ = _rollout_step(monkeypatch, [a, b], "--mode", "standard_retry", "--no-adv-std")  # Dr. GRPO
+    rows, _ = _first_three_steps([a, b], "--mode", "standard_retry", "--no-adv-std")  # Dr. GRPO
     assert [r.adv for r in rows] == [0.5, 0.5, -0.5, -0.5, 0.5, -0.5, -0.5]
 
 
-def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform_groups(monkeypatch):
+def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform_groups():
     """Computed from the groups by hand: groups of unequal size (the mean over samples is not the
     mean of group means) and one group made uniform by dropping its environment error."""
     groups = [G.Group("fork", "s1", "c", [_ep(1, 1), _ep(0, 2), _ep(0, 3)], "t"),
@@ -124,7 +129,7 @@ def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform
               G.Group("fresh", "t", "fresh", [_ep(0, 6)] * 4, "t"),  # uniform
               G.Group("fresh", "t", "fresh", [_ep(1, 7), _ep(0, 8)], "t"),
               G.Group("fresh", "t", "fresh", [_ep(1, 9), _ep(1, 10), _ep(0, 11, error="boom")], "t")]
-    rows, m = _rollout_step(monkeypatch, groups, "--mode", "fork", "--fresh-frac", "1")
+    rows, m = _first_three_steps(groups, "--mode", "fork", "--fresh-frac", "1")
     assert m["reward"] == pytest.approx(6 / 13)  # 1+0+0 + 1+1 + 0·4 + 1+0 + 1+1, over 13 samples
     assert m["groups"] == 5 and m["groups_dropped"] == 3
     flat = [r for g in m["group_rewards"] for r in g["rewards"]]  # the record agrees with itself
@@ -138,13 +143,14 @@ def test_step_metrics_reward_is_the_mean_over_samples_and_dropped_counts_uniform
 def test_pool_sampling_follows_its_rule_and_retires_mastered(rule):
     import random
 
-    assert G.weight([], 0.1, rule) == 1.0  # unseen
-    assert G.weight([0.5, 0.125], 0.1, rule) == (0.4375 if rule == "learnable" else 0.875)  # latest group
-    assert G.weight([0.0], 0.1, rule) == (0.1 if rule == "learnable" else 1.0)  # all failed: floor / top
+    w = G.sampling_weight
+    assert w([], 0.1, rule) == 1.0  # unseen
+    assert w([0.5, 0.125], 0.1, rule) == (0.4375 if rule == "learnable" else 0.875)  # latest group
+    assert w([0.0], 0.1, rule) == (0.1 if rule == "learnable" else 1.0)  # all failed: floor / top
     hist = {"done": [1.0], "half": [0.5], "none": [0.0], "new": []}
     rng = random.Random(0)
     counts = {k: 0 for k in hist}
-    sampler = G.Pool(0.1, rule, hist=hist)
+    sampler = G.FailurePool(0.1, rule, hist=hist)
     for _ in range(4000):
         counts[sampler.sample(list(hist), 1, rng)[0]] += 1
     if rule == "learnable":  # weights 0.1 : 1 : 0.1 : 1
@@ -152,9 +158,37 @@ def test_pool_sampling_follows_its_rule_and_retires_mastered(rule):
     else:  # weights 0.1 : 0.5 : 1 : 1
         assert min(counts["new"], counts["none"]) > counts["half"] > counts["done"] > 0
     states = {k: {"state": {"snapshot": f"reterm-none/{k}:x"}, "added": i} for i, k in enumerate("abc")}
-    pool = G.Pool(0.1, rule, states=states, hist={"a": [1.0, 1.0], "b": [0.0], "c": [0.5]})
+    pool = G.FailurePool(0.1, rule, states=states, hist={"a": [1.0, 1.0], "b": [0.0], "c": [0.5]})
     kept, trimmed = ("c", "b") if rule == "learnable" else ("b", "c")  # above pool_max: lowest weight leaves
     assert pool.prune(retire_after=2, pool_max=1) == ["a", trimmed] and list(pool.states) == [kept]
+
+
+def test_update_pool_absorbs_each_new_failure_once_records_every_group_and_prunes(monkeypatch):
+    """Step 7 on hand-built groups: a fresh group's failed attempts (kept as snapshots) join the pool,
+    except the very same failed attempt twice (one image is enough) and one whose prefix leaves no
+    recovery room (counted as skipped_long): both images are removed. A fork group's attempts never
+    join; every group's success rate joins its start's history; a mastered state leaves."""
+    removed = []
+    monkeypatch.setattr(C, "remove_image", lambda image, host=None: removed.append(image))
+
+    def failed(text: str, snapshot: str | None) -> C.Episode:
+        return C.Episode(task=types.SimpleNamespace(name="t"), trace=C.TokenTrace(), snapshot=snapshot,
+                         messages=[{"role": "assistant", "content": text}], category="gave_up_early", turns=1)
+    fresh = G.Group("fresh", "t", "fresh", [failed("a", "img/a"), failed("a", "img/a2"),
+                                            failed("long", "img/l"), _ep(1, 1)], "t")
+    fork = G.Group("fork", "old", "timeout", [failed("x", "img/x"), _ep(1, 2)], "t")
+    cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--retire-after", "1"])
+    pool = G.FailurePool(cfg.floor)
+    pool.add(C.FailureState("old", "t", "img/old", [], [1], "timeout"), "img/old", 0)
+    pool.add(C.FailureState("won", "t", "img/won", [], [1], "timeout"), "img/won", 0)
+    pool.hist["won"] = [1.0]
+    stats = G.update_pool(pool, [fresh, fork], 3, cfg, lambda s: s.messages[0]["content"] != "long")
+    new = [s for s in pool.states.values() if s["added"] == 3]
+    assert stats == {"added": 1, "states_lost": 0, "retired": 1, "pool": 2}
+    assert [s["state"]["snapshot"] for s in new] == ["img/a"] and sorted(pool.states) == sorted(
+        ["old", new[0]["state"]["id"]])
+    assert sorted(removed) == ["img/a2", "img/l", "img/won"] and pool.skipped_long == 1
+    assert pool.hist["t"] == [0.25] and pool.hist["old"] == [0.5]
 
 
 # ── a learning test: GRPO on a synthetic verifiable reward ─────────────────
@@ -305,7 +339,7 @@ def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_tas
 def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
     out = tmp_path / "grpo"
     args = ["--failures", str(tmp_path / "failures.jsonl"), "--model", str(tiny), "--out", str(out),
-            "--tasks", str(task.path.parent), "--batch-states", "2", "--group-size", "4",
+            "--tasks", str(task.path.parent), "--groups-per-step", "2", "--group-size", "4",
             "--fresh-frac", "0.5",
             "--max-tokens", "16", "--max-turns", "2", "--max-context", "2048", "--engine", engine_kind,
             "--dtype", "float32", "--lr", "1e-4", "--concurrency", "8", "--save-every", "1"]
@@ -317,7 +351,7 @@ def _run_stage04(tmp_path, tiny, task, states, engine_kind, capsys):
     assert sorted(g["kind"] for g in r["group_rewards"]) == ["fork", "fresh"]
     assert all(g["task"] == task.name and len(g["rewards"]) == 4 for g in r["group_rewards"])
     assert {"reward", "recovery_by_category", "groups_dropped", "pool", "rollout_s", "train_s",
-            "tokens_per_s", "env_steps"} <= set(r)
+            "gen_tokens_per_s", "train_tokens_per_s", "env_steps"} <= set(r)
     if r["groups_dropped"] < r["groups"]:
         assert r["train_tokens"] > 0 and {"clip_frac", "approx_kl", "nll"} <= set(r)
     assert not _has_containers()
@@ -375,7 +409,8 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
                                     "--group-size", "2", "--no-internet"])
     rcfg = C.RolloutConfig(max_turns=5, max_context=8192, concurrency=4)
     client = C.docker_client()
-    before = {im.id for im in client.images.list(filters={"label": C.LABEL})}
+    mine = {"label": [C.LABEL, f"reterm.run={C.RUN_ID}"]}  # this run's: the engine may be shared
+    before = {im.id for im in client.images.list(filters=mine)}
     with C.env_session():
         plan = [{"kind": "fresh", "key": "retry"}, {"kind": "fresh", "key": "pass1"}]
         (a, b), stats = G.run_groups(plan, cfg, {"retry": fails, "pass1": passes}, eng, rcfg)
@@ -388,27 +423,34 @@ def test_standard_retry_goes_on_from_each_failed_attempt_and_trains_the_pair(mak
         assert "cat /app/out.txt" in retry.commands[0]["command"]
     assert b.rewards == [1.0, 1.0] and b.retries == [None, None]
     assert stats["env_steps"] == 2 * 4 + 2 * 2  # both attempts of a retried sample count
-    metrics = G.step_metrics([a, b], 0, G.Pool(0.1))  # first attempts, and the recoveries on their own
+    metrics = G.step_metrics([a, b], 0, G.FailurePool(0.1))  # first attempts, and the recoveries on their own
     assert (metrics["fresh_pass"], metrics["retry_recovery"], metrics["reward"]) == (0.5, 1.0, 1.0)
     rows = G.group_rows([a, b], True)
     assert [r.trace for r in rows] == [a.episodes[0].trace, a.retries[0].trace, a.episodes[1].trace,
                                        a.retries[1].trace, b.episodes[0].trace, b.episodes[1].trace]
-    assert {im.id for im in client.images.list(filters={"label": C.LABEL})} <= before
+    assert {im.id for im in client.images.list(filters=mine)} <= before
 
 
 # ── main's loop with the rollouts and the update replaced: budget, resume ──
 
 
+def _engine() -> types.SimpleNamespace:
+    """An engine that sleeps, wakes and takes pushed weights, and samples nothing."""
+    return types.SimpleNamespace(sleep=lambda: None, wake_weights=lambda: None, wake_kv=lambda: None,
+                                 update_weights=lambda weights: list(weights), close=lambda: None)
+
+
 def _stub_main(monkeypatch, env_steps) -> None:
     """Stage 04's main as it is (config, loop, checkpoints, resume, pool, metrics) with each step's
-    rollouts replaced by env_steps(step, pool) -> environment steps spent, no update and no engine."""
-    def rollout_step(step, cfg, pool, *a):
-        return [], {"reward": 0.0, "recovery": None, "groups": 1, "groups_dropped": 1,
-                    "episodes_by_rank": [1], "env_steps": env_steps(step, pool)}
-    monkeypatch.setattr(G, "rollout_step", rollout_step)
-    monkeypatch.setattr(G, "update_policy", lambda *a, **k: {})
-    monkeypatch.setattr(C, "make_engine", lambda *a, **k: types.SimpleNamespace(
-        update_weights=lambda weights: list(weights), close=lambda: None))
+    rollouts replaced by env_steps(step, pool) -> environment steps spent: no group, so no update."""
+    spent = {}
+
+    def plan_groups(step, cfg, pool, tasks):
+        spent["n"] = env_steps(step, pool)
+        return []
+    monkeypatch.setattr(G, "plan_groups", plan_groups)
+    monkeypatch.setattr(G, "run_groups", lambda plan, *a: ([], {"env_steps": spent["n"]}))
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: _engine())
 
 
 def _steps(out) -> list[tuple[int, int]]:
@@ -429,6 +471,24 @@ def test_the_env_step_budget_stops_at_the_first_step_past_it_and_survives_resume
     G.main(args + ["--env-step-budget", "30"])  # the checkpoint's 21 count towards a larger budget
     assert _steps(out) == [(1, 7), (2, 14), (3, 21), (4, 28), (5, 35)]
     assert "environment-step budget 30 spent after step 5" in capsys.readouterr().out
+
+
+def test_tensorboard_gets_every_steps_metrics_jsonl_scalars(monkeypatch, make_task, tiny, tmp_path):
+    """--tensorboard DIR: each step's numeric metrics.jsonl fields reach the writer (rank 0's, made
+    once) as scalars at that step, under the same names; a stand-in writer: the package is optional."""
+    scalars, dirs = [], []
+    writer = types.SimpleNamespace(add_scalar=lambda *a: scalars.append(a), flush=lambda: None)
+    monkeypatch.setattr(C, "check_tensorboard", lambda logdir: None)
+    monkeypatch.setattr(C, "tensorboard_writer", lambda logdir: dirs.append(logdir) or writer)
+    _stub_main(monkeypatch, lambda step, pool: 5)
+    out = tmp_path / "run"
+    G.main(["--model", str(tiny), "--out", str(out), "--tasks", str(make_task().parent), "--mode", "standard",
+            "--engine", "hf", "--steps", "2", "--save-every", "0", "--tensorboard", str(tmp_path / "tb")])
+    rows = C.read_jsonl(out / "metrics.jsonl")
+    assert dirs == [str(tmp_path / "tb")] and [r["step"] for r in rows] == [1, 2]
+    assert scalars == [(k, r[k], r["step"]) for r in rows for k in C.metric_fields([r])]
+    assert {"reward", "env_steps_total", "gen_tokens_per_s", "train_tokens_per_s", "mem_gb_push", "pool"} <= {
+        k for k, _, _ in scalars}
 
 
 @pytest.mark.usefixtures("docker_ready")
@@ -495,12 +555,9 @@ def _fixed_rows_main(monkeypatch, tok) -> list:
         trace.add_context(prompt)
         trace.add_sampled([100 + i, 200 + i, 300 + i], [-1.0] * 3, trained=True)
         rows.append(G.Row(trace, adv))
-    metrics = {"reward": 0.5, "recovery": None, "groups": 1, "groups_dropped": 0, "episodes_by_rank": [4],
-               "env_steps": 4}
-    monkeypatch.setattr(G, "rollout_step", lambda *a: (rows, dict(metrics)))
-    monkeypatch.setattr(C, "make_engine", lambda *a, **k: types.SimpleNamespace(
-        sleep=lambda: None, wake_weights=lambda: None, wake_kv=lambda: None,
-        update_weights=lambda weights: list(weights), close=lambda: None))
+    monkeypatch.setattr(G, "run_groups", lambda plan, *a: ([], {"env_steps": 4}))
+    monkeypatch.setattr(G, "group_rows", lambda *a: rows)
+    monkeypatch.setattr(C, "make_engine", lambda *a, **k: _engine())
     return rows
 
 
@@ -575,12 +632,13 @@ def test_verify_fresh_verifies_04s_rollouts_where_no_agent_process_is_left(make_
     with C.env_session():
         for flag in (["--no-verify-fresh"], []):
             cfg = C.parse_config(G.Config, ["--model", str(tiny), "--out", "o", "--mode", "standard",
-                                            "--batch-states", "1", "--group-size", "1", "--max-turns", "2",
+                                            "--groups-per-step", "1", "--group-size", "1", "--max-turns", "2",
                                             *flag])
             _, rcfg = G.rollout_settings(cfg)
             engine = ScriptedEngine(tok, [call(LOOP), "Done."])
-            groups, stats, _ = G.collect(1, cfg, G.Pool(cfg.floor), {task.name: task}, engine, rcfg)
+            plan = G.plan_groups(1, cfg, G.FailurePool(cfg.floor), {task.name: task})
+            groups, _ = G.run_groups(plan, cfg, {task.name: task}, engine, rcfg)
             (ep,) = groups[0].episodes
-            assert ep.error is None and stats["env_errors"] == 0, ep.error
+            assert ep.error is None and G.drop_env_failures(groups) == 0, ep.error
             rewards[cfg.verify_fresh] = ep.reward
     assert rewards == {False: 1.0, True: 0.0}

@@ -125,21 +125,20 @@ def test_each_step_sleeps_trains_wakes_loads_then_rolls_out(tiny, tmp_path, monk
         trace.add_context(prompt)
         trace.add_sampled([a], [-3.0], trained=True)
         rows.append(G.Row(trace, adv))
-    metrics = {"reward": 0.5, "recovery": None, "groups": 1, "groups_dropped": 0, "pool": 0,
-               "episodes_by_rank": [2], "env_steps": 2}
-
-    def rollout_step(step, *a, **k):
+    def run_groups(plan, *a, **k):
         calls.append("rollout")
-        return rows, dict(metrics)
+        return [], {"env_steps": 2}
 
     def train_on_batch(*a, **k):
         calls.append("train")
         return real_train(*a, **k)
 
     real_train = G.train_on_batch
-    monkeypatch.setattr(G, "rollout_step", rollout_step)
+    monkeypatch.setattr(G, "run_groups", run_groups)
+    monkeypatch.setattr(G, "group_rows", lambda *a: rows)
     monkeypatch.setattr(G, "train_on_batch", train_on_batch)
-    monkeypatch.setattr(G, "start_rollouts", lambda *a, **k: (G.Pool(0.1), RecordingEngine(tok, calls)))
+    monkeypatch.setattr(G, "start_rollouts", lambda *a, **k: (G.FailurePool(0.1),
+                                                              RecordingEngine(tok, calls)))
     G.main(["--model", str(tiny), "--out", str(tmp_path / "o"), "--tasks", str(ROOT / "tasks"),
             "--steps", "2", "--save-every", "0", "--fresh-frac", "1", "--lr", "1e-3"])
     n = len(C.load_model(tiny).state_dict())
@@ -163,7 +162,7 @@ def print(*args, flush=True):  # one write per line: both ranks print at once, i
 
 rank, world, _ = C.init_distributed(timeout_s=3)  # the training group: 3 s
 C.cpu_group(120)  # the hand-off group
-cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--batch-states", "2", "--mode", "standard"])
+cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--groups-per-step", "2", "--mode", "standard"])
 
 def slow_share(plan, cfg, tasks, engine, rcfg):  # rank 1's rollout takes 10 s
     if rank == 1:
@@ -174,8 +173,8 @@ def slow_share(plan, cfg, tasks, engine, rcfg):  # rank 1's rollout takes 10 s
 
 G.run_groups = slow_share
 t = time.monotonic()
-groups, stats, _ = G.collect(1, cfg, G.Pool(0.1) if rank == 0 else None, {{"a": 0, "b": 0}}, None, None,
-                             rank, world)
+plan = G.plan_groups(1, cfg, G.FailurePool(0.1), {{"a": 0, "b": 0}}) if rank == 0 else None
+groups, stats = G.hand_off(plan, lambda share: G.run_groups(share, cfg, None, None, None), rank, world)
 print("COLLECTED", rank, sorted(g.key for g in groups), stats["episodes_by_rank"], stats["env_steps"],
       round(time.monotonic() - t), flush=True)
 try:  # the control: the same wait on the training group times out
@@ -246,7 +245,7 @@ def test_torchrun_two_ranks_roll_out_their_share_resume_and_train_as_one_process
     task = C.load_task(make_task(name, test=COIN))
     out = tmp_path / "grpo"
     args = ["04_reterm_grpo.py", "--model", str(tiny), "--out", str(out), "--tasks", str(task.path.parent),
-            "--fresh-frac", "0.5", "--batch-states", "2", "--group-size", "4", "--max-tokens", "16",
+            "--fresh-frac", "0.5", "--groups-per-step", "2", "--group-size", "4", "--max-tokens", "16",
             "--max-turns", "2", "--max-context", "2048", "--engine", "vllm", "--dtype", "float32",
             "--lr", "1e-3", "--concurrency", "8", "--save-every", "1", "--save-rows",
             "--micro-tokens", "1", "--updates", "2"]  # a micro-batch per row: both ranks get rows

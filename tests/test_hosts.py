@@ -179,15 +179,23 @@ def _grpo_step(tasks, failures, out, hosts: str, move: str = "auto", engine=None
     """Stage 04's rollout half of one fork-mode step (B=2 states x G=3 forks) on `hosts`."""
     C.use_docker_hosts(hosts, move)
     cfg = C.parse_config(G.Config, ["--model", "scripted", "--out", str(out), "--failures", str(failures),
-                                    "--batch-states", "2", "--group-size", "3", "--fresh-frac", "0",
+                                    "--groups-per-step", "2", "--group-size", "3", "--fresh-frac", "0",
                                     "--concurrency", "8"])
     rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8,
                            sampling=C.SamplingConfig(max_tokens=64, seed=0))
     tok = C.make_tiny_tokenizer()
     pool = G.init_pool(cfg, out, tasks, tok, rcfg)
     engine = engine or ScriptedEngine(tok, [call("echo ok > /app/out.txt"), "Fixed."])
-    groups, stats, _ = G.collect(1, cfg, pool, tasks, engine, rcfg)
-    return pool, groups, stats
+    return pool, *_rollout_half(cfg, pool, tasks, engine, rcfg, tok)
+
+
+def _rollout_half(cfg, pool, tasks, engine, rcfg, tok) -> tuple[list, dict]:
+    """Step 1 and the pool update of main's loop, on one process: the groups (environment failures
+    dropped) and the step's stats."""
+    plan = G.plan_groups(1, cfg, pool, tasks)
+    groups, stats = G.hand_off(plan, lambda share: G.run_groups(share, cfg, tasks, engine, rcfg), 0, 1)
+    stats["env_errors"] = G.drop_env_failures(groups)
+    return groups, stats | G.update_pool(pool, groups, 1, cfg, lambda s: G.fits(s, tasks, tok, rcfg, 0))
 
 
 def _failure_states(tasks, path, hosts: str) -> list[C.FailureState]:
@@ -271,13 +279,13 @@ def test_losing_an_engine_mid_step_ends_its_episodes_and_states_only(make_task, 
             states = _failure_states(tasks, tmp_path / "f.jsonl", hosts)
             assert sorted(s.host or "" for s in states) == sorted(["", "", d2, d2])
             cfg_args = G.Config(model="s", out=str(tmp_path / "g"), failures=str(tmp_path / "f.jsonl"),
-                                batch_states=4, group_size=2, fresh_frac=0.0, concurrency=8)
+                                groups_per_step=4, group_size=2, fresh_frac=0.0, concurrency=8)
             C.use_docker_hosts(hosts, "never")
             rcfg = C.RolloutConfig(max_turns=3, max_context=8192, concurrency=8,
                                    sampling=C.SamplingConfig(max_tokens=64, seed=0))
             pool = G.init_pool(cfg_args, tmp_path / "g", tasks, C.make_tiny_tokenizer(), rcfg)
             engine = StopsAnEngine(C.make_tiny_tokenizer(), second_engine)
-            groups, stats, _ = G.collect(1, cfg_args, pool, tasks, engine, rcfg)
+            groups, stats = _rollout_half(cfg_args, pool, tasks, engine, rcfg, C.make_tiny_tokenizer())
             by_host = {s.id: s.host for s in states}
             assert C.HOSTS.counts["hosts_lost"] == 1 and C.HOSTS.live() == [None]
             assert stats["states_lost"] == 2 and {by_host[k] for k in pool.states} == {None}

@@ -366,24 +366,15 @@ def test_plain_frac_picks_a_seeded_share_of_the_stale_train_tasks(tmp_path):
 
 
 @pytest.mark.slow
-def test_experiment_command_runs_every_stage_and_writes_its_results(docker_ready, tmp_path):
-    """bench/experiment_learning.py end to end at a toy size (a 64x2 model, a few steps, a GRPO pool
-    kept out of SFT, stale-file tasks): the results.json contract, no split leaking into another, no
-    snapshot left behind, and a second invocation reuses the finished seed instead of running it again."""
+def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run, tmp_path):
+    """bench/experiment_learning.py end to end at a toy size (learning_run: a 64x2 model, a few steps, a
+    GRPO pool kept out of SFT, stale-file tasks, dev twins): the results.json contract, no split leaking
+    into another, no snapshot left behind, and a second invocation reuses the finished seed instead of
+    running it again."""
     import docker
     import experiment_learning as E
 
-    out = tmp_path / "exp"
-    argv = ["--out", str(out), "--seeds", "1", "--n-train", "8", "--n-heldout", "3", "--pool-frac", "0.05",
-            "--stale-frac", "0.5", "--stale-vary", "--plain-frac", "1",
-            "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
-            "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
-            "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "1",
-            "--eval-trials", "1", "--max-turns", "2", "--max-tokens", "32", "--bootstrap", "50",
-            "--concurrency", "4", "--dev-frac", "0.1", "--n-dev", "3", "--eval-on", "dev"]
-    if not importlib.util.find_spec("vllm"):
-        argv += ["--engine", "hf"]
-    res = json.loads(json.dumps(E.main(argv)))  # as JSON holds it (tuples become lists)
+    out, argv, res = learning_run
     assert res == json.loads((out / "results.json").read_text())
     assert (out / "learning.png").stat().st_size > 0
     for key in ("seeds", "heldout_tasks", "train_tasks", "sft_pass_at_1", "base_pass_at_1",

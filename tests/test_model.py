@@ -1,6 +1,7 @@
 """Agent protocol, token traces/masks, tiny models and the two policy engines."""
 
 import importlib.util
+import os
 import sys
 import threading
 from pathlib import Path
@@ -275,12 +276,15 @@ def test_vllm_engine_qwen3(tiny):
 @pytest.mark.usefixtures("vllm_ready")
 def test_vllm_engine_qwen3_5(tiny):
     """vLLM's Qwen3.5 module imports torchvision (PyPI's is a CUDA build that breaks beside
-    torch+cpu, so CPU installs remove it) and its CPU linear attention needs bf16."""
+    torch+cpu, so CPU installs remove it) and its CPU linear attention needs bf16. The one skip of a
+    CPU install, CI included; on a CUDA torch (a GPU install keeps torchvision) a missing one fails CI."""
     if importlib.util.find_spec("torchvision") is None:
-        pytest.skip("no torchvision: vLLM's only Qwen3_5ForCausalLM (vllm/model_executor/models/qwen3_5.py) "
-                    "imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which imports "
-                    "torchvision; PyPI's torchvision is a CUDA build that breaks beside torch+cpu, so CPU "
-                    "installs remove it, and vLLM has no text-only Qwen3.5 class without it")
+        if torch.version.cuda and os.environ.get("CI") == "true":
+            pytest.fail("CI on a CUDA torch needs torchvision: vLLM's Qwen3.5 module imports it")
+        pytest.skip("CPU install, expected: no torchvision, which vLLM's only Qwen3_5ForCausalLM "
+                    "(vllm/model_executor/models/qwen3_5.py) imports through qwen3_vl and transformers' "
+                    "Qwen2-VL image processor; PyPI's torchvision is a CUDA build that breaks beside "
+                    "torch+cpu, so setup.sh removes it, and vLLM has no text-only Qwen3.5 class")
     engine = common.make_engine("vllm", tiny["qwen3_5"], dtype="bfloat16", max_model_len=1024)
     model, prompt = common.load_model(tiny["qwen3_5"]), prompts_for(engine.tokenizer)[0]
     try:

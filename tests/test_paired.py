@@ -151,23 +151,12 @@ def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_read
 
 
 @pytest.mark.slow
-def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_training(docker_ready, tmp_path):
-    """A toy `experiment_learning.py --sft-only --entry-split` block, then one paired replicate: the
-    replicate.json contract, both arms at the fork arm's environment steps, and no dev/held-out twin,
-    nor any planted name of theirs, in an SFT row, the fork pool or a GRPO group of either arm."""
-    import importlib.util
-
-    import experiment_learning as E
-
-    block = tmp_path / "block"
-    argv = ["--out", str(block), "--seeds", "1", "--n-train", "10", "--n-heldout", "3", "--n-dev", "3",
-            "--stale-frac", "0.5", "--stale-vary", "--stale-compose", "--entry-split", "--plain-frac", "1",
-            "--hidden", "64", "--layers", "2", "--warmup-steps", "10", "--warmup-extra", "0",
-            "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "4", "--batch-states", "2",
-            "--group-size", "2", "--recovery-samples", "2", "--eval-trials", "1", "--max-turns", "2",
-            "--max-tokens", "32", "--concurrency", "4", "--eval-on", "dev", "--sft-only"]
-    engine = [] if importlib.util.find_spec("vllm") else ["--engine", "hf"]
-    E.main(argv + engine)
+def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_training(learning_run, tmp_path):
+    """The toy learning run (learning_run: `experiment_learning.py --entry-split`, dev twins) as a block,
+    then one paired replicate on it: the replicate.json contract, both arms at the fork arm's
+    environment steps, and no dev/held-out twin, nor any planted name of theirs, in an SFT row, the
+    fork pool or a GRPO group of either arm."""
+    block = learning_run[0]
     # the block as it is committed (no tasks/, data/ or base model): replicates write the tasks again
     kept = tmp_path / "kept"
     P.main(["--block", str(block), "--keep-block", str(kept)])
@@ -182,7 +171,7 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     split = json.loads((block / "tasks/split.json").read_text())
     sft = json.loads((block / "seed0/sft_result.json").read_text())
     n = len(sft["recovery_before"])
-    assert n == 2 * len(C.read_jsonl(block / "seed0/failures_heldout/failures.jsonl")) > 0
+    assert n == 2 * len(C.read_jsonl(block / "seed0/failures_heldout/failures.jsonl")) > 0  # forked twice
     assert rep["sft"]["samples"] == sft["recovery_before"] and rep["sft"]["forks_per_state"] == 2
     for arm in P.ARMS:
         assert [p["grpo_step"] for p in rep["curves"][arm]] == [0, 1, 2]

@@ -1,11 +1,16 @@
-"""`python common.py plot RUN_DIR`: a run's metrics.jsonl as curves, one panel per numeric field."""
+"""Watching a run: `python common.py plot RUN_DIR` draws its metrics.jsonl as curves, one panel per
+numeric field, and --tensorboard DIR on 02 and 04 writes the same fields as TensorBoard scalars."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import subprocess
 import sys
+import types
 
+import pytest
 from conftest import ROOT
 
 import common as C
@@ -28,3 +33,47 @@ def test_plot_draws_one_panel_per_numeric_field_and_refuses_an_empty_run(tmp_pat
     bad = subprocess.run([sys.executable, "common.py", "plot", str(tmp_path / "empty")], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("error:") and "Traceback" not in bad.stderr
+
+
+# ── --tensorboard on 02 and 04 (the tensorboard package is optional) ──────────
+
+
+def test_tensorboard_without_its_package_is_a_one_line_error_before_the_run_starts(monkeypatch, tmp_path):
+    """Each stage refuses --tensorboard before it reads data or loads a model: 02's data file and
+    model, 04's model, do not exist here, and nothing is written."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard"
+                        else real(name, *a))
+    tb, missing = str(tmp_path / "tb"), str(tmp_path / "missing")
+    argvs = {"02_sft": ["--data", missing + ".jsonl", "--model", missing],
+             "04_reterm_grpo": ["--model", missing, "--mode", "standard"]}
+    for stage, argv in argvs.items():
+        main = importlib.import_module(stage).main
+        with pytest.raises(SystemExit) as stop:
+            C.run_main(lambda: main(argv + ["--out", str(tmp_path / stage), "--tensorboard", tb]))  # noqa: B023
+        assert str(stop.value) == (f"error: --tensorboard {tb}: the tensorboard package is not installed "
+                                   "(pip install tensorboard), or drop the flag"), stage
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    C.check_tensorboard("")  # without the flag the package is never asked for
+
+
+def test_02_writes_the_scalars_of_metrics_jsonl_to_tensorboard(monkeypatch, tmp_path):
+    """--tensorboard DIR on 02: every step's numeric metrics.jsonl fields reach the writer as scalars
+    at that step, under the same names (a stand-in writer: the package is not needed)."""
+    from test_sft import TINY, make_row, write_rows
+
+    sft = importlib.import_module("02_sft")
+    scalars, dirs = [], []
+    writer = types.SimpleNamespace(add_scalar=lambda *a: scalars.append(a), flush=lambda: None)
+    monkeypatch.setattr(C, "check_tensorboard", lambda logdir: None)
+    monkeypatch.setattr(C, "tensorboard_writer", lambda logdir: dirs.append(logdir) or writer)
+    data = write_rows(tmp_path / "rows.jsonl", [make_row(i) for i in range(2)])
+    model = C.make_tiny_model(tmp_path / "tiny", arch="qwen3")
+    out = tmp_path / "sft"
+    sft.main(["--data", str(data), "--model", str(model), "--out", str(out), *TINY, "--max-steps", "2",
+              "--tensorboard", str(tmp_path / "tb")])
+    rows = C.read_jsonl(out / "metrics.jsonl")
+    assert dirs == [str(tmp_path / "tb")] and [r["step"] for r in rows] == [1, 2]
+    assert scalars == [(k, r[k], r["step"]) for r in rows for k in C.metric_fields([r])]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= {k for k, _, _ in scalars}

@@ -110,6 +110,54 @@ def test_04_main_and_training_step_fit_60_lines():
         assert length <= MAX_LINES_04, f"04's {name} is {length} lines"
 
 
+# 04's loop, one GRPO step in order; each call is a function of 04 that holds its step
+STEP_04 = ["plan_groups", "run_groups", "drop_uniform_groups", "group_rows", "sleep_engine", "train_on_batch",
+           "wake_engine", "update_pool", "record_step"]
+# what a reader finds one jump from the loop: the advantage formula, the fork, the clipped loss, the push
+HELD_04 = {"group_rows": {"group_advantages"}, "run_groups": {"recovery_attempt"},
+           "train_on_batch": {"clipped_policy_loss"}, "wake_engine": {"push_weights", "update_weights"}}
+
+
+def _calls_in_order(node: ast.AST) -> list[str]:
+    """The names `node` calls (f(...) or x.f(...)), in the order they appear in the source."""
+    calls = sorted((n for n in ast.walk(node) if isinstance(n, ast.Call)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    return [c.func.id if isinstance(c.func, ast.Name) else c.func.attr for c in calls
+            if isinstance(c.func, ast.Name | ast.Attribute)]
+
+
+def _loop_steps(tree: ast.Module) -> list[str]:
+    """The STEP_04 names main's `while` loop calls, in source order."""
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    loops = [n for n in ast.walk(main) if isinstance(n, ast.While)]
+    assert len(loops) == 1, f"04's main has {len(loops)} while loops"
+    return [name for name in _calls_in_order(loops[0]) if name in STEP_04]
+
+
+def test_04_main_loop_calls_one_grpo_step_in_order():
+    """main's loop reads as the algorithm: groups -> drop uniform -> advantages -> the engine sleeps ->
+    clipped update -> wake and push -> pool -> record, each a named function of 04, called once."""
+    tree = _tree(next(s for s in STAGES if s.name.startswith("04_")))
+    assert _loop_steps(tree) == STEP_04
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert set(STEP_04) <= set(defs), set(STEP_04) - set(defs)
+    for step, held in HELD_04.items():
+        assert held & set(_calls_in_order(defs[step])), f"04's {step} calls none of {held}"
+
+
+def test_the_loop_check_catches_a_reordered_or_inlined_step():
+    loop = "\n".join(["def main():", "    while go:", "        g = plan_groups()",
+                       "        s = hand_off(lambda p: run_groups(p))", "        k = drop_uniform_groups(g)",
+                       "        r = group_rows(k)", "        sleep_engine(e)",
+                       "        x = train_on_batch(m.train(), r) if r else {}", "        wake_engine(m)",
+                       "        pool.update_pool(g)", "        record_step(x)", ""])
+    assert _loop_steps(ast.parse(loop)) == STEP_04
+    swapped = loop.replace("sleep_engine(e)", "SWAP").replace("wake_engine(m)", "sleep_engine(e)")
+    assert _loop_steps(ast.parse(swapped.replace("SWAP", "wake_engine(m)"))) != STEP_04
+    inlined = loop.replace("k = drop_uniform_groups(g)", "k = [x for x in g if len(set(x.r)) > 1]")
+    assert _loop_steps(ast.parse(inlined)) != STEP_04
+
+
 def _parts(lines: list[str]) -> tuple[int, int, int]:
     """(line of Part I's banner, line of its first section banner, line of Part II's banner), 1-based."""
     found = [(m.group(1), i + 1) for i, line in enumerate(lines) if (m := re.match(r"# Part (I+) · ", line))]
