@@ -1434,13 +1434,18 @@ def _quota_data_root(log: Callable[[str], None] = print) -> list[str]:
     """dockerd's storage flags for an engine docker_up starts: a data-root on a btrfs filesystem in a
     loopback file (RETERM_DOCKER_IMG, default /var/lib/reterm-docker.img: sparse, sized to the free
     space there less the disk floor) mounted at RETERM_DOCKER_ROOT (default /var/lib/reterm-docker)
-    with quotas on, so that `--storage-opt size` bounds each container in the kernel. Reused when
-    mounted or present. [] (the engine's own defaults; the storage watch alone) with
-    RETERM_STORAGE_QUOTA=0 or where it can't be built (no btrfs-progs, no loop device): one line says why."""
+    with simple quotas on (Linux >= 6.7), so that `--storage-opt size` bounds each container in the
+    kernel. Reused when mounted or present; a mounted one with full qgroups is switched to simple
+    quotas (one line: that takes minutes on a data-root of many layers). Never full qgroups: they
+    account every extent shared between the image layers' subvolumes, so each snapshot costs seconds
+    to minutes as layers accumulate (docs/environment.md). [] (the engine's own defaults; the
+    storage watch alone) with RETERM_STORAGE_QUOTA=0 or where it can't be built (no btrfs-progs, no
+    loop device, a kernel without simple quotas): one line says why."""
     if os.environ.get("RETERM_STORAGE_QUOTA") == "0":
         return []
     img = Path(os.environ.get("RETERM_DOCKER_IMG", "/var/lib/reterm-docker.img"))
     mnt = Path(os.environ.get("RETERM_DOCKER_ROOT", "/var/lib/reterm-docker"))
+    mounted = False
     try:
         if not shutil.which("mkfs.btrfs") and shutil.which("apt-get"):
             _sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
@@ -1452,16 +1457,74 @@ def _quota_data_root(log: Callable[[str], None] = print) -> list[str]:
                 size = st.f_bavail * st.f_frsize - _disk_floor_mb() * 2**20
                 if size < 8 * 2**30:
                     raise EnvError(f"{size >> 20} MB free for it in {img.parent}, under 8 GiB")
-                log(f"a btrfs data-root with quotas for the engine: {img} ({size >> 30} GiB, sparse) "
-                    f"on {mnt}")
+                log(f"a btrfs data-root with simple quotas for the engine: {img} ({size >> 30} GiB, "
+                    f"sparse) on {mnt}")
                 _sh(f"truncate -s {size} {img} && mkfs.btrfs -q {img} || {{ rm -f {img}; exit 1; }}", True)
             mnt.mkdir(parents=True, exist_ok=True)
             _sh(f"mount -o loop {img} {mnt}", True)
-        _sh(f"btrfs quota enable {mnt}", True)
+            mounted = True
+        _simple_quotas(mnt, log)
     except (EnvError, OSError) as e:
+        if mounted:
+            _sh(f"umount {mnt}", True)
         log(f"no kernel storage quota for the engine ({e}); the storage watch alone bounds containers")
         return []
     return ["--storage-driver", "btrfs", "--data-root", str(mnt / "docker")]
+
+
+# btrfs's ioctls (linux/btrfs.h): QUOTA_CTL, _IOWR(0x94, 40, {u64 cmd; u64 status}), and FS_INFO,
+# _IOR(0x94, 31, 1024 bytes; the fsid at 16..32). btrfs-progs before 6.6 can't enable simple quotas.
+_BTRFS_QUOTA_CTL = (3 << 30) | (16 << 16) | (0x94 << 8) | 40
+_BTRFS_FS_INFO = (2 << 30) | (1024 << 16) | (0x94 << 8) | 31
+_QUOTA_DISABLE, _QUOTA_ENABLE_SIMPLE = 2, 4
+
+
+def _btrfs_quota_mode(path: str | Path) -> str:
+    """The quota mode of the btrfs filesystem holding `path`: "squota" (simple), "qgroup" (full; the
+    only kind before Linux 6.7, which has no mode file) or "" (off). OSError if it isn't btrfs."""
+    import fcntl
+
+    fd, info = os.open(path, os.O_RDONLY), bytearray(1024)
+    try:
+        fcntl.ioctl(fd, _BTRFS_FS_INFO, info)
+    finally:
+        os.close(fd)
+    qgroups = Path("/sys/fs/btrfs", str(uuid.UUID(bytes=bytes(info[16:32]))), "qgroups")
+    if not qgroups.is_dir():
+        return ""
+    return (qgroups / "mode").read_text().strip() if (qgroups / "mode").exists() else "qgroup"
+
+
+def _btrfs_quota_ctl(path: str | Path, cmd: int) -> None:
+    import fcntl
+    import struct
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, _BTRFS_QUOTA_CTL, struct.pack("QQ", cmd, 0))
+    finally:
+        os.close(fd)
+
+
+def _simple_quotas(mnt: Path, log: Callable[[str], None]) -> None:
+    """Simple quotas on the btrfs at `mnt` (full qgroups there are disabled first); EnvError where the
+    kernel has none."""
+    mode = _btrfs_quota_mode(mnt)
+    if mode == "squota":
+        return
+    if mode == "qgroup":
+        log(f"{mnt} has full btrfs qgroups: switching it to simple quotas (disabling full ones takes "
+            "minutes on a data-root of many layers) ...")
+        _btrfs_quota_ctl(mnt, _QUOTA_DISABLE)
+    try:
+        _btrfs_quota_ctl(mnt, _QUOTA_ENABLE_SIMPLE)
+    except OSError as e:
+        mode = f"errno {e.errno}"
+    else:
+        mode = _btrfs_quota_mode(mnt)
+    if mode != "squota":
+        raise EnvError(f"the kernel has no simple btrfs quotas ({mode or 'still off'}; Linux 6.7 has them), "
+                       "and full qgroups make every snapshot cost seconds to minutes as layers accumulate")
 
 
 _build_locks: dict[str, threading.Lock] = {}
@@ -2462,10 +2525,12 @@ def _engine_ncpu(host: str | None = None) -> int:
 
 
 def _quota_storage(host: str | None = None) -> str | None:
-    """How the engine can bound a container's files in the kernel (`--storage-opt size`): "btrfs"
-    (a qgroup on the container's subvolume: its image's blocks count too), "xfs" (overlay2 on xfs
-    mounted with pquota: the writable layer alone), or None (the storage watch alone). RETERM_STORAGE_QUOTA=0:
-    None everywhere."""
+    """How the engine can bound a container's files in the kernel (`--storage-opt size`): "squota"
+    (btrfs with simple quotas, docker-up's engine: the container's qgroup counts what it writes
+    itself), "qgroup" (btrfs with full qgroups, or a remote btrfs engine: its image's blocks count
+    too), "xfs" (overlay2 on xfs mounted with pquota: the writable layer alone), or None (the
+    storage watch alone; a local btrfs engine without quotas too, where a size would make Docker
+    turn full qgroups on). RETERM_STORAGE_QUOTA=0: None everywhere."""
     return None if os.environ.get("RETERM_STORAGE_QUOTA") == "0" else _engine_quota(host)
 
 
@@ -2473,15 +2538,29 @@ def _quota_storage(host: str | None = None) -> str | None:
 def _engine_quota(host: str | None) -> str | None:
     info = docker_client(host).info()
     backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
-    return {"btrfs": "btrfs", "overlay2": "xfs" if backing == "xfs" else None}.get(info.get("Driver"))
+    if info.get("Driver") == "overlay2":
+        return "xfs" if backing == "xfs" else None
+    if info.get("Driver") != "btrfs":
+        return None
+    root = _local_root(host)
+    with suppress(OSError):
+        return (_btrfs_quota_mode(root) or None) if root else "qgroup"
+    return None
+
+
+# What a container's own qgroup holds besides its files under simple quotas (its btrfs metadata),
+# added to the cap: 0.2 MiB for a fresh container, 0.21 MiB after a 64 MB write (bench_storage.py).
+SQUOTA_MARGIN_MB = 1
 
 
 def _storage_opt(image: str, cap_mb: int, host: str | None) -> dict:
     """start_env's `storage_opt` for a cap of `cap_mb` on the files a container adds to `image`."""
     quota = _quota_storage(host)
-    if quota == "btrfs":  # the qgroup counts the image too: its size + the cap (its metadata takes a
-        size = docker_client(host).api.inspect_image(image)["Size"] >> 20  # few % of the cap)
+    if quota == "qgroup":  # the qgroup counts the image too: its size + the cap
+        size = docker_client(host).api.inspect_image(image)["Size"] >> 20
         return {"storage_opt": {"size": f"{size + cap_mb}M"}}
+    if quota == "squota":  # the image's blocks are its layers' own: the cap, and the metadata's margin
+        return {"storage_opt": {"size": f"{cap_mb + SQUOTA_MARGIN_MB}M"}}
     return {"storage_opt": {"size": f"{cap_mb}M"}} if quota else {}
 
 
