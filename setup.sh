@@ -2,7 +2,8 @@
 # Set up a fresh Debian machine (root) or a laptop with Docker: system packages, Python
 # packages, a running Docker engine and the offline base image. Idempotent; fast when done.
 # An engine it starts itself (root, none answering) keeps its data on a loopback btrfs file with
-# quotas, so each container's storage cap is the kernel's (btrfs-progs; see docs/environment.md).
+# simple quotas (Linux 6.7+), so each container's storage cap is the kernel's (btrfs-progs; see
+# docs/environment.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
