@@ -583,6 +583,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(cfg.out)
     raws = read_import(cfg.import_path) if cfg.import_path else []  # refused before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
+    C.DISK.guard(out.parent)  # no episode takes it below the disk floor
     Path(f"{out}.config.json").write_text(json.dumps({"argv": sys.argv, **dataclasses.asdict(cfg)}, indent=2))
     writer = Writer(out)
     n_before, n_tasks = len(writer.rows), None

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -807,9 +808,11 @@ def _bounded(kind: type, name: str) -> Callable[[str], Any]:
 
 
 def dump_config(cfg: Any, out_dir: str | Path) -> None:
-    """Write the run's config next to its outputs (config.json), with the command line."""
+    """Write the run's config next to its outputs (config.json), with the command line; the folder's
+    free space is guarded from then on (see DiskReserve)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    DISK.guard(out)
     record = {"argv": sys.argv, **dataclasses.asdict(cfg)}
     (out / "config.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
@@ -1268,9 +1271,10 @@ def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) 
         if not shutil.which("dockerd"):
             log("installing docker.io ...")
             _sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io")
+        argv = [*shlex.split(os.environ.get("RETERM_DOCKERD", "dockerd")), *_quota_data_root(log)]
         log("starting dockerd (log: /tmp/reterm-dockerd.log) ...")
         with open("/tmp/reterm-dockerd.log", "ab") as f:
-            subprocess.Popen(["dockerd"], stdout=f, stderr=f, start_new_session=True)
+            subprocess.Popen(argv, stdout=f, stderr=f, start_new_session=True)
         for _ in range(120):
             time.sleep(0.5)
             with suppress(Exception):
@@ -1301,10 +1305,108 @@ def docker_up(base_image: str = BASE_IMAGE, log: Callable[[str], None] = print) 
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _sh(cmd: str) -> None:
-    r = subprocess.run(cmd, shell=True)
+def _sh(cmd: str, quiet: bool = False) -> None:
+    r = subprocess.run(cmd, shell=True, capture_output=quiet, text=True)
     if r.returncode:
-        raise EnvError(f"command failed ({r.returncode}): {cmd}")
+        why = f": {(r.stderr or '').strip().splitlines()[-1][:200]}" if quiet and r.stderr.strip() else ""
+        raise EnvError(f"command failed ({r.returncode}): {cmd}{why}")
+
+
+def _quota_data_root(log: Callable[[str], None] = print) -> list[str]:
+    """dockerd's storage flags for an engine docker_up starts: a data-root on a btrfs filesystem in a
+    loopback file (RETERM_DOCKER_IMG, default /var/lib/reterm-docker.img: sparse, sized to the free
+    space there less the disk floor) mounted at RETERM_DOCKER_ROOT (default /var/lib/reterm-docker)
+    with simple quotas on (Linux >= 6.7), so that `--storage-opt size` bounds each container in the
+    kernel. Reused when mounted or present; a mounted one with full qgroups is switched to simple
+    quotas (one line: that takes minutes on a data-root of many layers). Never full qgroups: they
+    account every extent shared between the image layers' subvolumes, so each snapshot costs seconds
+    to minutes as layers accumulate (docs/environment.md). [] (the engine's own defaults; the
+    storage watch alone) with RETERM_STORAGE_QUOTA=0 or where it can't be built (no btrfs-progs, no
+    loop device, a kernel without simple quotas): one line says why."""
+    if os.environ.get("RETERM_STORAGE_QUOTA") == "0":
+        return []
+    img = Path(os.environ.get("RETERM_DOCKER_IMG", "/var/lib/reterm-docker.img"))
+    mnt = Path(os.environ.get("RETERM_DOCKER_ROOT", "/var/lib/reterm-docker"))
+    mounted = False
+    try:
+        if not shutil.which("mkfs.btrfs") and shutil.which("apt-get"):
+            _sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                "btrfs-progs", True)
+        if not os.path.ismount(mnt):
+            if not img.exists():
+                img.parent.mkdir(parents=True, exist_ok=True)
+                st = os.statvfs(img.parent)
+                size = st.f_bavail * st.f_frsize - _disk_floor_mb() * 2**20
+                if size < 8 * 2**30:
+                    raise EnvError(f"{size >> 20} MB free for it in {img.parent}, under 8 GiB")
+                log(f"a btrfs data-root with simple quotas for the engine: {img} ({size >> 30} GiB, "
+                    f"sparse) on {mnt}")
+                _sh(f"truncate -s {size} {img} && mkfs.btrfs -q {img} || {{ rm -f {img}; exit 1; }}", True)
+            mnt.mkdir(parents=True, exist_ok=True)
+            _sh(f"mount -o loop {img} {mnt}", True)
+            mounted = True
+        _simple_quotas(mnt, log)
+    except (EnvError, OSError) as e:
+        if mounted:
+            _sh(f"umount {mnt}", True)
+        log(f"no kernel storage quota for the engine ({e}); the storage watch alone bounds containers")
+        return []
+    return ["--storage-driver", "btrfs", "--data-root", str(mnt / "docker")]
+
+
+# btrfs's ioctls (linux/btrfs.h): QUOTA_CTL, _IOWR(0x94, 40, {u64 cmd; u64 status}), and FS_INFO,
+# _IOR(0x94, 31, 1024 bytes; the fsid at 16..32). btrfs-progs before 6.6 can't enable simple quotas.
+_BTRFS_QUOTA_CTL = (3 << 30) | (16 << 16) | (0x94 << 8) | 40
+_BTRFS_FS_INFO = (2 << 30) | (1024 << 16) | (0x94 << 8) | 31
+_QUOTA_DISABLE, _QUOTA_ENABLE_SIMPLE = 2, 4
+
+
+def _btrfs_quota_mode(path: str | Path) -> str:
+    """The quota mode of the btrfs filesystem holding `path`: "squota" (simple), "qgroup" (full; the
+    only kind before Linux 6.7, which has no mode file) or "" (off). OSError if it isn't btrfs."""
+    import fcntl
+
+    fd, info = os.open(path, os.O_RDONLY), bytearray(1024)
+    try:
+        fcntl.ioctl(fd, _BTRFS_FS_INFO, info)
+    finally:
+        os.close(fd)
+    qgroups = Path("/sys/fs/btrfs", str(uuid.UUID(bytes=bytes(info[16:32]))), "qgroups")
+    if not qgroups.is_dir():
+        return ""
+    return (qgroups / "mode").read_text().strip() if (qgroups / "mode").exists() else "qgroup"
+
+
+def _btrfs_quota_ctl(path: str | Path, cmd: int) -> None:
+    import fcntl
+    import struct
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, _BTRFS_QUOTA_CTL, struct.pack("QQ", cmd, 0))
+    finally:
+        os.close(fd)
+
+
+def _simple_quotas(mnt: Path, log: Callable[[str], None]) -> None:
+    """Simple quotas on the btrfs at `mnt` (full qgroups there are disabled first); EnvError where the
+    kernel has none."""
+    mode = _btrfs_quota_mode(mnt)
+    if mode == "squota":
+        return
+    if mode == "qgroup":
+        log(f"{mnt} has full btrfs qgroups: switching it to simple quotas (disabling full ones takes "
+            "minutes on a data-root of many layers) ...")
+        _btrfs_quota_ctl(mnt, _QUOTA_DISABLE)
+    try:
+        _btrfs_quota_ctl(mnt, _QUOTA_ENABLE_SIMPLE)
+    except OSError as e:
+        mode = f"errno {e.errno}"
+    else:
+        mode = _btrfs_quota_mode(mnt)
+    if mode != "squota":
+        raise EnvError(f"the kernel has no simple btrfs quotas ({mode or 'still off'}; Linux 6.7 has them), "
+                       "and full qgroups make every snapshot cost seconds to minutes as layers accumulate")
 
 
 _build_locks: dict[str, threading.Lock] = {}
@@ -1414,6 +1516,9 @@ class Verdict:
 # ones included (`timeout` alone signals one process group). Disk is bounded per container, not per
 # command (see StorageWatch); a per-file `ulimit -f` of the storage cap binds single huge files at once.
 _STATE = "/var/lib/reterm"
+# The bash tool's output capture lives in a tmpfs of the container (its memory, not its files): a
+# container at its storage quota still answers `rm`. Not in snapshots; every fork mounts its own.
+_CAPTURE = "/run/reterm-out"
 _SYS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # ---- the bash tool's shell scripts: each string below is a bash script, read it as one ----------------
 # One exec per call runs _OUTER (the harness's side), which starts _INNER (the agent's side) under
@@ -1435,14 +1540,17 @@ _KILL = r"""kill_command() {
 _OUTER = _KILL + r"""
 id=$1 timeout=$2 keep=$3 file_cap=$4 agent_path=$5 inner=$6 cmd=$7
 state=@STATE@
-out=$state/o.$id                                # this call's capture folder
+out=@CAPTURE@/o.$id                             # this call's capture folder (a tmpfs: see _CAPTURE)
 half=$((keep / 2))                              # bytes of head, and of tail, when the output is cut
 chunk=$(( keep > 1048576 ? keep : 1048576 ))    # one rotating tail chunk: at least 1 MiB
 
 # 1. The state folder must be a real folder (the agent may have put a symlink or a file there);
-#    capture folders whose capturer has finished are left-overs of earlier calls.
+#    capture folders whose capturer has finished are left-overs of earlier calls, and anything else
+#    in the capture tmpfs is the agent's (a full one would stop the tool).
 [ -d $state ] && [ ! -L $state ] || { rm -rf $state; mkdir -p $state; }
-for old in $state/o.*; do [ -e $old/fin ] && rm -rf $old; done
+for old in @CAPTURE@/* @CAPTURE@/.[!.]*; do
+  case $old in @CAPTURE@/o.*) [ -e $old/fin ] && rm -rf $old ;; *) rm -rf $old ;; esac
+done 2>/dev/null
 
 # 2. The command writes into the FIFO `pipe`; the capturer says it is done on the FIFO `ack` (fd 3);
 #    `index` holds the number of the tail chunk being written.
@@ -1486,7 +1594,7 @@ fi
 
 # 8. Remove the capture folder (one still draining is removed by a later call); pass the exit code on.
 [ -e $out/fin ] && rm -rf $out
-exit $rc""".replace("@STATE@", _STATE)
+exit $rc""".replace("@STATE@", _STATE).replace("@CAPTURE@", _CAPTURE)
 # The inner shell, the agent's side: the command runs in it through eval, so every name it defines
 # is the agent's to see, hence the __rt_ prefix. Arguments: $1 the call's id, $2 the PATH the
 # command runs with, $3 the command ("": read it from the state folder).
@@ -1531,6 +1639,8 @@ DEFAULT_STORAGE_INODES = 1_000_000  # its files+folders cap without `storage_ino
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
 EXEC_OUTPUT_CAP = 65536  # bytes the host reads of a harness exec's output (the tool's: max_bytes more)
 START_TIMEOUT = 60.0  # seconds a new container's set-up exec may take
+DISK_FLOOR_MB = 2048  # free space (MB) kept on the data-root and output folders (RETERM_DISK_FLOOR_MB)
+DISK_WAIT = 600.0  # seconds a new episode waits for the disk to come back above the floor
 
 # The verifier, in steps whose answers code under test can neither forge nor read. 1. One exec moves
 # the tests, uploaded to a folder of a random name ($1), to /tests, after /tests and /logs/verifier
@@ -1769,41 +1879,71 @@ def _verdict(rc: int, files: dict[str, str | None], tail: str, timeout: float) -
 
 
 class StorageWatch:
-    """Bounds one container's own writable layer in bytes and inodes, whatever writes there: a
-    command, a background process, a setsid'd or `env -u`'d one. On a local engine it measures the
-    layer's upper folder with `find` (the container's own files, not the shared filesystem, so a
-    neighbour's writes never count); elsewhere the engine's SizeRw (bytes only). Past the cap it kills
-    every process of the container but its init, once per growth: usage that stays over the cap
-    without growing lets the agent delete files. Polls twice a second, or every 5x the last
-    measurement's time if longer (a walk of 32k files took 0.2 s on a busy machine): <= ~20% of a core."""
+    """Bounds one container's own files in bytes and inodes, whatever writes there: a command, a
+    background process, a setsid'd or `env -u`'d one. A file counts its apparent size or its
+    blocks, whichever is larger (a sparse file costs nothing on disk until a snapshot writes it
+    out). On a local engine it walks the container's layer with `find`: overlay2's upper folder
+    (its own files, not the shared filesystem, so a neighbour's writes never count) or btrfs's
+    subvolume (the whole tree, less what it held at start); elsewhere the engine's SizeRw (apparent
+    bytes only). Past the cap it kills every process of the container but its init, once per
+    growth: usage that stays over the cap without growing lets the agent delete files. Polls twice a
+    second, or every 5x the last measurement's time if longer (a walk of 32k files took 0.2 s on a
+    busy machine): <= ~20% of a core. Under a kernel quota (see start_env) it still catches what
+    the quota doesn't count: sparse files and inodes. DISK also stops the biggest when the host's
+    disk runs low (see DiskReserve)."""
 
     def __init__(self, env: Env, cap_mb: int, cap_inodes: int):
         self.env, self.cap = env, (cap_mb * 2**20, cap_inodes)
-        self.trips, self.last, self.stop = 0, None, threading.Event()
+        self.trips, self.last, self.stop, self.why = 0, None, threading.Event(), "cap"
+        self.used: tuple[int, int] | None = None  # the last measurement (DiskReserve ranks by it)
         attrs = env.container.client.api.inspect_container(env.container.id)
-        upper = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
-        self.upper = upper if env.host is None and upper and os.path.isdir(upper) else None
+        driver = attrs.get("GraphDriver") or {}
+        upper, root = (driver.get("Data") or {}).get("UpperDir"), _local_root(env.host)
+        self.tree, self.base = None, (0, 0)
+        if root and upper and os.path.isdir(upper):
+            self.tree = upper
+        elif root and driver.get("Name") == "btrfs":
+            with suppress(OSError):
+                mount = Path(root, "image/btrfs/layerdb/mounts", env.container.id, "mount-id").read_text()
+                self.tree = str(Path(root, "btrfs/subvolumes", mount.strip()))
+                self.base = self._walk() or (0, 0)
+        DISK.add(self)
         threading.Thread(target=self._run, daemon=True, name="reterm-storage").start()
 
+    def _walk(self) -> tuple[int, int] | None:
+        out = subprocess.run(["find", self.tree, "-xdev", "-printf", "%b %s\n"], capture_output=True,
+                             timeout=120).stdout.split()
+        if not out:
+            return None
+        blocks, sizes = out[0::2], out[1::2]
+        return sum(max(int(b) * 512, int(n)) for b, n in zip(blocks, sizes, strict=True)), len(sizes)
+
     def usage(self) -> tuple[int, int] | None:
-        """(bytes, inodes) of the container's writable layer; None if it can't be read now."""
+        """(bytes, inodes) the container added to its image; None if it can't be read now."""
         with suppress(Exception):
-            if self.upper:  # one walk for both: 512-byte blocks per entry, one line per inode
-                out = subprocess.run(["find", self.upper, "-xdev", "-printf", "%b\n"], capture_output=True,
-                                     timeout=120).stdout.split()
-                return sum(map(int, out)) * 512, len(out)
+            if self.tree:  # one walk for both: max(blocks, apparent size) per entry, a line per inode
+                used = self._walk()
+                return None if used is None else (max(0, used[0] - self.base[0]),
+                                                  max(0, used[1] - self.base[1]))
             info = self.env.container.client.api.inspect_container(self.env.container.id, size=True)
             return int(info.get("SizeRw") or 0), 0
         return None
 
-    def over(self) -> bool:
-        """Measured now: is the layer past a cap? (Checked before each command, which then may grow
-        a file by at most 1 MB: fast commands can't each slip a large file in between two polls.)"""
-        used = self.usage()
+    def over(self, used: tuple[int, int] | None = None) -> bool:
+        """Measured now (or `used`): is the layer past a cap? (Checked before each command, which then
+        may grow a file by at most 1 MB: fast commands can't each slip a large file in between two polls.)"""
+        used = used or self.usage()
         over = used is not None and (used[0] > self.cap[0] or used[1] > self.cap[1])
         if over and self.last is None:
             self.last = used  # the poll kills only on growth past this
         return over
+
+    def kill(self, why: str) -> None:
+        """Stop every process of the container but its init (the toolchain's bash: kill(-1) spares
+        init and the killer); the command running now answers with why (see Env.bash)."""
+        self.trips, self.why = self.trips + 1, why
+        with suppress(Exception):
+            self.env._exec([*self.env._vshell(), "-c", "kill -9 -1"], EXEC_GRACE, self.env._harness_env())
 
     def _run(self) -> None:
         wait = 0.5
@@ -1813,17 +1953,146 @@ class StorageWatch:
             wait = max(0.5, 5 * (time.monotonic() - t0))
             if used is None:
                 continue
+            self.used = used
             over = used[0] > self.cap[0] or used[1] > self.cap[1]
             grew = self.last is None or used[0] > self.last[0] + 2**20 or used[1] > self.last[1] + 1000
             if over and grew and self.last is None:  # measured again: files deleted meanwhile spare the
                 used = self.usage() or used  # command that runs now
                 over = used[0] > self.cap[0] or used[1] > self.cap[1]
             if over and grew:
-                self.trips += 1
-                with suppress(Exception):  # the toolchain's bash: kill(-1) spares init and the killer
-                    self.env._exec([*self.env._vshell(), "-c", "kill -9 -1"], EXEC_GRACE,
-                                   self.env._harness_env())
+                self.kill("cap")
+                used = self.usage() or used  # what the killed writers left: growth counts from here
             self.last = used if over else None
+
+
+def _disk_floor_mb() -> int:
+    """RETERM_DISK_FLOOR_MB: the free space (MB) no episode may take a guarded folder below (0: off)."""
+    try:
+        return max(0, int(os.environ.get("RETERM_DISK_FLOOR_MB", DISK_FLOOR_MB)))
+    except ValueError:
+        raise UserError(f"RETERM_DISK_FLOOR_MB must be a whole number of MB, got "
+                        f"{os.environ['RETERM_DISK_FLOOR_MB']!r}") from None
+
+
+class DiskReserve:
+    """The host's side of storage: no episode may take the local engine's data-root (and the folder
+    of the loopback file it lives on, if any) or a stage's output folder below a floor of free
+    space (RETERM_DISK_FLOOR_MB), so checkpoints and records never fail for lack of disk. One
+    thread checks every second while containers run; below the floor it stops every process of the
+    container whose files grew most, one container a second, biggest first (each once per growth of
+    1 MB), and start_env makes new episodes wait for space (up to DISK_WAIT s, then a one-line
+    error). Engines elsewhere guard their own disks (their containers are still capped each)."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, str] = {}  # folder -> what it is, for the message
+        self.watches: dict[int, StorageWatch] = {}
+        self.engines: set[str | None] = set()
+        self.lock = threading.Lock()
+        self.stopped: dict[int, int] = {}  # watch -> its bytes when the reserve stopped it
+        self.thread: threading.Thread | None = None
+
+    def guard(self, path: str | Path, what: str = "the run's output folder") -> None:
+        with self.lock:
+            self.paths.setdefault(str(path), what)
+
+    def add(self, watch: StorageWatch) -> None:
+        with self.lock:
+            self.watches[id(watch)] = watch
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, daemon=True, name="reterm-disk")
+                self.thread.start()
+
+    def engine(self, host: str | None) -> None:
+        """Guard a local engine's data-root (once per engine)."""
+        if host in self.engines:
+            return
+        self.engines.add(host)
+        root = _local_root(host)
+        if root:
+            self.guard(root, "the Docker data-root")
+            backing = _loop_backing(root)
+            if backing:
+                self.guard(os.path.dirname(backing), f"the folder of the data-root's loopback file {backing}")
+
+    def short(self) -> tuple[str, str, int] | None:
+        """(folder, what, free bytes) of the first guarded folder under the floor; None: all above."""
+        floor = _disk_floor_mb() * 2**20
+        for path, what in list(self.paths.items()) if floor else []:
+            with suppress(OSError):
+                st = os.statvfs(path)
+                if st.f_bavail * st.f_frsize < floor:
+                    return path, what, st.f_bavail * st.f_frsize
+        return None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self.lock:
+                for k in [k for k, w in self.watches.items() if w.stop.is_set()]:
+                    del self.watches[k]
+                    self.stopped.pop(k, None)
+                live = list(self.watches.items())
+            if not live:
+                with self.lock:
+                    if not self.watches:
+                        self.thread = None
+                        return
+                continue
+            if self.short() is None:
+                continue
+            grown = [(w.used[0], k, w) for k, w in live
+                     if w.used and w.used[0] > self.stopped.get(k, -1) + 2**20]
+            if grown:
+                size, k, w = max(grown, key=lambda t: t[0])
+                self.stopped[k] = size
+                w.kill("disk")
+
+    def wait(self, host: str | None) -> None:
+        """Before a new container: block while a guarded folder is under the floor."""
+        self.engine(host)
+        t0, told = time.monotonic(), False
+        while short := self.short():
+            path, what, free = short
+            msg = f"only {free >> 20} MB free on {path} ({what}), under the floor of {_disk_floor_mb()} MB " \
+                  "(RETERM_DISK_FLOOR_MB)"
+            if time.monotonic() - t0 > DISK_WAIT:
+                raise EnvError(f"{msg}: free some space or lower the floor")
+            if not told:
+                log0(f"waiting for disk space: {msg}")
+                told = True
+            time.sleep(2.0)
+
+
+def _local_root(host: str | None) -> str | None:
+    """The engine's data-root when the engine runs on this machine (a unix socket), else None."""
+    url = host or _default_url()
+    if not url.startswith("unix://"):
+        return None
+    return _engine_root(host)
+
+
+@functools.cache
+def _engine_root(host: str | None) -> str | None:
+    with suppress(Exception):
+        root = docker_client(host).info().get("DockerRootDir")
+        return root if root and os.path.isdir(root) else None
+    return None
+
+
+def _loop_backing(path: str) -> str | None:
+    """The file behind the loop device that the folder `path` is mounted from, if it is one."""
+    with suppress(OSError, ValueError, IndexError):
+        path, point, source = os.path.realpath(path), "", ""
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            mounted, dev = line.split()[4].replace("\\040", " "), line.split(" - ")[1].split()[1]
+            if (path == mounted or path.startswith(mounted.rstrip("/") + "/")) and len(mounted) >= len(point):
+                point, source = mounted, dev  # the innermost mount holding `path`
+        if source.startswith("/dev/loop"):
+            return Path(f"/sys/block/{source[5:]}/loop/backing_file").read_text().strip()
+    return None
+
+
+DISK = DiskReserve()  # this process's one reserve (stages add their output folders with DISK.guard)
 
 
 class Env:
@@ -1932,7 +2201,10 @@ class Env:
         if self.watch and self.watch.trips > trips:
             cap = self.watch.cap
             note = (f"\n[killed: the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} "
-                    "files and folders); every process in it was stopped]\n")
+                    "files and folders); every process in it was stopped]\n") if self.watch.why == "cap" \
+                else (
+                "\n[killed: the host's disk is under its floor of free space and this container's files "
+                "grew most; every process in it was stopped]\n")
             out = r[1].decode(errors="replace") if r else ""
             return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
@@ -1992,7 +2264,22 @@ class Env:
         repo, t = "reterm-snap/" + image_name(self.task.name), uuid.uuid4().hex[:16]
         labels = " ".join(f"{k}={v}" for k, v in {"reterm.kind": "snapshot", "reterm.keep": int(keep),
                                                    "reterm.run": RUN_ID, **_OWNER}.items())
-        self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"])
+        paused = False
+        with suppress(Exception):  # measured and committed with no process writing in between (a
+            self.container.pause()  # container that stopped has none)
+            paused = True
+        try:
+            used = self.watch.usage() if self.watch else None
+            if used and (used[0] > self.watch.cap[0] or used[1] > self.watch.cap[1]):
+                cap = self.watch.cap
+                raise ContainerDied(f"{self.task.name}: no snapshot: the container's files ({used[0] >> 20} "
+                                    f"MB, sparse files counted whole; {used[1]} files and folders) are past "
+                                    f"the storage cap ({cap[0] >> 20} MB or {cap[1]})")
+            self.container.commit(repository=repo, tag=t, changes=[f"LABEL {labels}"], pause=False)
+        finally:
+            if paused:
+                with suppress(Exception):
+                    self.container.unpause()
         HOSTS.note(f"{repo}:{t}", self.host)
         return f"{repo}:{t}"
 
@@ -2109,12 +2396,44 @@ def _engine_ncpu(host: str | None = None) -> int:
     return int(docker_client(host).info().get("NCPU", os.cpu_count() or 1))
 
 
+def _quota_storage(host: str | None = None) -> str | None:
+    """How the engine can bound a container's files in the kernel (`--storage-opt size`): "squota"
+    (btrfs with simple quotas, docker-up's engine: the container's qgroup counts what it writes
+    itself), "qgroup" (btrfs with full qgroups, or a remote btrfs engine: its image's blocks count
+    too), "xfs" (overlay2 on xfs mounted with pquota: the writable layer alone), or None (the
+    storage watch alone; a local btrfs engine without quotas too, where a size would make Docker
+    turn full qgroups on). RETERM_STORAGE_QUOTA=0: None everywhere."""
+    return None if os.environ.get("RETERM_STORAGE_QUOTA") == "0" else _engine_quota(host)
+
+
 @functools.cache
-def _quota_storage(host: str | None = None) -> bool:
-    """Whether the engine can cap a container's writable layer (overlay2 on xfs with pquota)."""
+def _engine_quota(host: str | None) -> str | None:
     info = docker_client(host).info()
     backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
-    return info.get("Driver") == "overlay2" and backing == "xfs"
+    if info.get("Driver") == "overlay2":
+        return "xfs" if backing == "xfs" else None
+    if info.get("Driver") != "btrfs":
+        return None
+    root = _local_root(host)
+    with suppress(OSError):
+        return (_btrfs_quota_mode(root) or None) if root else "qgroup"
+    return None
+
+
+# What a container's own qgroup holds besides its files under simple quotas (its btrfs metadata),
+# added to the cap: 0.2 MiB for a fresh container, 0.21 MiB after a 64 MB write (bench_storage.py).
+SQUOTA_MARGIN_MB = 1
+
+
+def _storage_opt(image: str, cap_mb: int, host: str | None) -> dict:
+    """start_env's `storage_opt` for a cap of `cap_mb` on the files a container adds to `image`."""
+    quota = _quota_storage(host)
+    if quota == "qgroup":  # the qgroup counts the image too: its size + the cap
+        size = docker_client(host).api.inspect_image(image)["Size"] >> 20
+        return {"storage_opt": {"size": f"{size + cap_mb}M"}}
+    if quota == "squota":  # the image's blocks are its layers' own: the cap, and the metadata's margin
+        return {"storage_opt": {"size": f"{cap_mb + SQUOTA_MARGIN_MB}M"}}
+    return {"storage_opt": {"size": f"{cap_mb}M"}} if quota else {}
 
 
 def start_env(task: Task, image: str | None = None, internet: bool = True, host: str | None = None) -> Env:
@@ -2126,8 +2445,9 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
 
     image, ncpu = image or task_image(task, host), _engine_ncpu(host)
     net = internet and task.allow_internet
-    quota = task.storage_mb and _quota_storage(host)
-    storage = {"storage_opt": {"size": f"{task.storage_mb}M"}} if quota else {}
+    DISK.wait(host)  # the host's disk above its floor first (see DiskReserve)
+    storage = _storage_opt(image, task.storage_mb or DEFAULT_STORAGE_MB, host)
+    storage["tmpfs"] = {_CAPTURE: "size=256m,mode=1777"}  # bounded by the container's memory too
     tools = toolchain(host) if os.environ.get("RETERM_TRUSTED_VERIFY") != "0" else None
     if tools:  # read-only: the agent can use these programs but not change them
         storage["volumes"] = {tools: {"bind": TOOLS, "mode": "ro"}}
@@ -2162,9 +2482,9 @@ def start_env(task: Task, image: str | None = None, internet: bool = True, host:
         err = ContainerDied if image.startswith("reterm-snap/") else EnvError  # a snapshot: the agent's files
         raise err(f"{task.name}: the set-up command of a new container from {image} {why}: its shell "
                   "does not work") from None
-    if not quota:  # no real quota from the engine: watch the layer ourselves
-        env.watch = StorageWatch(env, task.storage_mb or DEFAULT_STORAGE_MB,
-                                 task.storage_inodes or DEFAULT_STORAGE_INODES)
+    # with or without a kernel quota: sparse files, inodes and the host's reserve are the watch's
+    env.watch = StorageWatch(env, task.storage_mb or DEFAULT_STORAGE_MB,
+                             task.storage_inodes or DEFAULT_STORAGE_INODES)
     return env
 
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (root) or a laptop with Docker: system packages, Python
 # packages, a running Docker engine and the offline base image. Idempotent; fast when done.
+# An engine it starts itself (root, none answering) keeps its data on a loopback btrfs file with
+# simple quotas (Linux 6.7+), so each container's storage cap is the kernel's (btrfs-progs; see
+# docs/environment.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+  if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null \
+     || ! command -v mkfs.btrfs >/dev/null; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap btrfs-progs >/dev/null
   fi
 fi
 req=requirements-cpu.txt

@@ -57,7 +57,7 @@ def pytest_collection_finish(session) -> None:
     for item in session.items:
         if docker_why and "docker_ready" in item.fixturenames:
             skip[item.nodeid] = docker_why
-        elif second_why and "second_engine" in item.fixturenames:
+        elif second_why and {"second_engine", "quota_engine"} & set(item.fixturenames):
             skip[item.nodeid] = second_why
     if skip:
         why = "; ".join(dict.fromkeys(skip.values()))
@@ -166,19 +166,40 @@ class ScriptedEngine:
 class SecondEngine:
     """A second dockerd on this machine, as a stand-in for another node's engine: its own socket,
     data-root, exec-root, pidfile and network namespace, and no bridge (containers run with network
-    none, as the bundled tasks do). Seeded with the base image from the default engine (save | load)."""
+    none, as the bundled tasks do). Seeded with the base image from the default engine (save | load).
+    quota="squota": its data-root is the one docker-up builds (common._quota_data_root: a loopback
+    btrfs with simple quotas, here in its own folder); "qgroup": the same with full qgroups (for the
+    benchmark only)."""
 
-    def __init__(self):
+    def __init__(self, quota: str = ""):
         self.dir = Path(tempfile.mkdtemp(prefix="reterm-d2-"))
-        self.url, self.proc = f"unix://{self.dir}/sock", None
+        self.url, self.proc, self.quota = f"unix://{self.dir}/sock", None, quota
+        self.root = ["--data-root", f"{self.dir}/root"]  # its storage flags (see _quota_root)
+
+    def _quota_root(self) -> list[str]:
+        """docker-up's storage flags, on a loopback file and mount in this engine's folder."""
+        lines: list[str] = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("RETERM_DOCKER_IMG", f"{self.dir}/engine.img")
+            mp.setenv("RETERM_DOCKER_ROOT", f"{self.dir}/mnt")
+            mp.delenv("RETERM_STORAGE_QUOTA", raising=False)
+            flags = C._quota_data_root(lines.append)
+        if not flags:
+            raise RuntimeError(lines[-1])
+        if self.quota == "qgroup":
+            C._btrfs_quota_ctl(f"{self.dir}/mnt", C._QUOTA_DISABLE)
+            C._btrfs_quota_ctl(f"{self.dir}/mnt", 1)  # BTRFS_QUOTA_CTL_ENABLE: full qgroups
+        return flags
 
     def start(self) -> SecondEngine:
         d = self.dir
+        if self.quota and self.root[0] != "--storage-driver":
+            self.root = self._quota_root()
         log = open(d / "dockerd.log", "ab")
         self.proc = subprocess.Popen(
             # its own network namespace: with --bridge=none dockerd deletes any `docker0` link it
             # sees, which would take the default engine's bridge away from every other test
-            ["unshare", "--net", "dockerd", "--host", self.url, "--data-root", f"{d}/root",
+            ["unshare", "--net", "dockerd", "--host", self.url, *self.root,
              "--exec-root", f"{d}/exec", "--pidfile", f"{d}/pid", "--bridge=none", "--iptables=false",
              "--ip-masq=false"],
             stdout=log, stderr=log, start_new_session=True)
@@ -199,6 +220,13 @@ class SecondEngine:
             self.proc.terminate()  # dockerd stops its containers and unmounts its layers
             self.proc.wait(60)
 
+    def remove(self) -> None:
+        """Stop it and delete its folder (its loopback btrfs unmounted first: the loop device goes)."""
+        self.stop()
+        if os.path.ismount(self.dir / "mnt"):
+            subprocess.run(["umount", "-R", str(self.dir / "mnt")], check=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def second_engine(docker_ready):
@@ -211,8 +239,32 @@ def second_engine(docker_ready):
     try:
         yield eng
     finally:
-        eng.stop()
-        shutil.rmtree(eng.dir, ignore_errors=True)
+        eng.remove()
+
+
+@pytest.fixture(scope="session")
+def quota_engine(docker_ready):
+    """A second real engine whose storage the kernel bounds: its data-root is docker-up's (a
+    loopback btrfs with simple quotas, built by common._quota_data_root in a temporary folder), so
+    the kernel quota is tested whatever the default engine is. Under CI=true a failure to build it
+    fails the test."""
+    why = _second_engine_missing() or (None if shutil.which("mkfs.btrfs") else "no btrfs-progs")
+    eng = None if why else SecondEngine(quota="squota")
+    try:
+        if eng:
+            eng.start()
+    except Exception as e:  # noqa: BLE001 -- whatever stops it, the test reports it
+        why = f"no engine on a quota data-root: {e}"
+    if why:
+        if eng:
+            eng.remove()
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs the quota engine: {why}")
+        pytest.skip(why)
+    try:
+        yield eng
+    finally:
+        eng.remove()
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,11 @@ the agent killed blamed on the agent, and a verifier whose trust boundary holds 
 
 from __future__ import annotations
 
+import os
 import resource
+import subprocess
 import textwrap
+import threading
 import time
 
 import batch_rollouts as R
@@ -243,3 +246,94 @@ def _tar(files: dict[str, bytes]) -> bytes:
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+WRITERS = "for i in $(seq 20); do head -c 16M /dev/zero > /app/f$i & done; wait; echo finished"
+
+
+@pytest.mark.parametrize("bound", ["kernel", "watch"])
+def test_background_writers_under_a_64_mb_cap(make_task, monkeypatch, request, bound):
+    """20 background writers of 16 MB at once under `storage = "64M"`. Under the kernel quota (a
+    second engine on docker-up's data-root: btrfs with simple quotas, whatever the default engine
+    is) at most 64 + 16 MB land; without one (RETERM_STORAGE_QUOTA=0) the watch stops them a poll
+    late, and the overshoot is printed (the figure, not a promise: it depends on the disk's speed)."""
+    host = None
+    if bound == "kernel":
+        host = request.getfixturevalue("quota_engine").url
+        monkeypatch.setenv("RETERM_TRUSTED_VERIFY", "0")  # that engine has no network to build the toolchain
+        assert C._quota_storage(host) == "squota"
+    else:
+        monkeypatch.setenv("RETERM_STORAGE_QUOTA", "0")
+    task = C.load_task(make_task(f"fill{bound}", toml=TOML + 'storage = "64M"\n'))
+    with C.start_env(task, host=host) as env:
+        r = env.bash(WRITERS, timeout=60)
+        written = int(env.bash("du -sm /app | cut -f1").output.split()[0])
+        print(f"\n20 background 16 MB writers under a 64 MB cap ({bound}): {written} MB written")
+        if bound == "kernel":
+            assert env.container.attrs["HostConfig"]["StorageOpt"]["size"].endswith("M")
+            assert "Disk quota exceeded" in r.output and 48 <= written <= 80, (written, r.output[-300:])
+        else:  # the writers may all end inside one poll (a quiet disk) or be killed by it (a busy one)
+            stopped = "finished" not in r.output and "passed the storage cap (64 MB" in r.output
+            assert stopped or r.output.startswith("finished"), r.output
+            assert 64 <= written <= 480, written
+            # either way the layer is past the cap, so the next command's files are held to 1 MB (it
+            # is told so, or, where a poll sees that 1 MB as growth past the cap, killed and told that)
+            nxt = env.bash("head -c 4M /dev/zero > /app/g; stat -c %s /app/g").output
+            told = "a file may grow by at most 1 MB" in nxt or "passed the storage cap (64 MB" in nxt
+            assert f"\n{2**20}\n" in nxt and told, nxt
+        assert env.bash("rm -f /app/f*; echo usable").output.startswith("usable\n")  # a full one answers
+
+
+def test_sparse_files_are_stopped_and_the_snapshot_stays_under_the_cap(make_task):
+    """24 sparse files of 60 MB, from background processes that stay: they take no blocks (no kernel
+    quota sees them) but a snapshot would write them out whole. The watch counts apparent size: the
+    processes are stopped, a snapshot past the cap is refused (the agent's failure), and once the
+    agent deletes enough the snapshot is made, its layer within the cap."""
+    sparse = ("for i in $(seq 24); do (truncate -s 60M /app/s$i; sleep 30) & sleep 0.2; done; "
+              "wait; echo finished")
+    with start(make_task, "sparse", 'storage = "64M"\n') as env:
+        r = env.bash(sparse, timeout=60)
+        assert "finished" not in r.output and "passed the storage cap (64 MB" in r.output, r.output
+        n = int(env.bash("ls /app | wc -l").output.split()[0])
+        print(f"\n24 sparse 60 MB files under a 64 MB cap: {n} made before the writers were stopped")
+        assert 1 < n <= 24
+        with pytest.raises(C.ContainerDied, match="no snapshot.*past the storage cap"):
+            env.snapshot()
+        assert env.bash("rm -f /app/s[2-9]* /app/s1?; ls /app").output.startswith("s1\n")
+        snap = env.snapshot()
+        try:
+            api = env.container.client.api
+            grew = api.inspect_image(snap)["Size"] - api.inspect_image(env.image_id)["Size"]
+            assert grew <= 64 * 2**20, grew
+        finally:
+            C.remove_image(snap)
+
+
+def test_the_host_disk_floor_stops_the_biggest_writer_and_holds_new_episodes(make_task, tmp_path,
+                                                                             monkeypatch):
+    """A guarded output folder (a 160 MB tmpfs) falls under a 100 MB floor while a container writes:
+    the reserve stops that container's processes, a new episode waits and then fails in one line,
+    and starts again once space comes back."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the small filesystem needs root")
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(out)], check=True)
+    monkeypatch.setenv("RETERM_DISK_FLOOR_MB", "100")
+    monkeypatch.setattr(C, "DISK_WAIT", 3.0)
+    C.DISK.guard(out, "the test's output folder")
+    try:
+        with start(make_task, "floor") as env:
+            fill = threading.Timer(3.0, lambda: (out / "ckpt").write_bytes(b"\0" * 100 * 2**20))
+            fill.start()
+            r = env.bash("while :; do head -c 1M /dev/zero >> /app/g; sleep 0.2; done", timeout=30)
+            fill.join()
+            assert "under its floor of free space" in r.output and not r.timed_out, r.output
+            with pytest.raises(C.EnvError, match=r"only \d+ MB free on .*under the floor of 100 MB"):
+                start(make_task, "floor2")
+            (out / "ckpt").unlink()
+            with start(make_task, "floor3") as again:
+                assert again.bash("echo up").output == "up\n"
+    finally:
+        C.DISK.paths.pop(str(out), None)
+        subprocess.run(["umount", str(out)], check=True)
