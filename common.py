@@ -2095,6 +2095,9 @@ def _loop_backing(path: str) -> str | None:
 DISK = DiskReserve()  # this process's one reserve (stages add their output folders with DISK.guard)
 
 
+PIDS_HEADROOM = 8  # pids an exec may need to start (see Env._gone)
+
+
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
@@ -2171,8 +2174,11 @@ class Env:
                 how = "OOM-killed" if state.get("OOMKilled") else f"exited with {state.get('ExitCode')}"
                 self.died = f"the container stopped from inside (its PID 1 {how})"
             elif state.get("Running") and self.task.pids_limit:
+                # an exec's start needs a few pids of its own (runc's init is a Go program with
+                # threads): here one started with 61 of 64 taken, and under load one did not while
+                # fewer than 62 were counted; within PIDS_HEADROOM of the limit it is the agent's
                 pids = (self.container.stats(stream=False).get("pids_stats") or {}).get("current") or 0
-                if pids >= self.task.pids_limit - 2:
+                if pids >= self.task.pids_limit - PIDS_HEADROOM:
                     return ContainerDied(f"{self.task.name}: all {self.task.pids_limit} pids of the "
                                          f"container are taken; no process can start ({e})")
         if self.died:

@@ -117,9 +117,33 @@ def test_pid_exhaustion_cannot_stop_pid_1(make_task):
         time.sleep(2)
         env.container.reload()
         assert env.container.attrs["State"]["Running"]
-        assert "Resource temporarily unavailable" in env.bash("echo hello").output
+        try:  # the command's bash starts and cannot fork, or (pids counted later) no exec starts
+            assert "Resource temporarily unavailable" in env.bash("echo hello").output
+        except C.ContainerDied as e:  # the agent's failure, never the engine's (EnvError)
+            assert "pids of the container are taken" in str(e), e
         v = env.verify()
         assert v.reward == 0.0 and not C.is_infra_error(v.error), v
+
+
+def test_an_exec_that_cannot_start_near_the_pid_limit_is_the_agents_failure(make_task):
+    """An exec's start needs a few pids of its own: with 58 of 64 taken one may not start, and that
+    is the agent's pid exhaustion (ContainerDied), not the engine's; far from the limit it is not."""
+    class Running:  # a container that still runs, as the engine reports it
+        attrs = {"State": {"Running": True}, "Config": {"Env": []}, "Image": "sha256:x"}
+
+        def __init__(self, pids: int):
+            self.pids = pids
+
+        def reload(self) -> None:
+            pass
+
+        def stats(self, stream: bool) -> dict:
+            return {"pids_stats": {"current": self.pids, "limit": 64}}
+
+    task = C.load_task(make_task("pidy", toml=TOML + "pids_limit = 64\n"))
+    why = RuntimeError("OCI runtime exec failed: read init-p: connection reset by peer")
+    assert type(C.Env(Running(58), task, "img")._gone(why)) is C.ContainerDied
+    assert type(C.Env(Running(30), task, "img")._gone(why)) is C.EnvError
 
 
 # ---- the trust boundary of verification: each attack class scores 0 on dedupe-files, whose test.sh
