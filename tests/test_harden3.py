@@ -73,8 +73,10 @@ def test_a_planted_hanging_shell_fails_the_fork_fast(make_task, monkeypatch, tru
 
 
 OOM_TOML = TOML.replace('memory = "512M"', 'memory = "256M"')
-# Eight hogs of 48 MB each: each smaller than PID 1's score once its oom_score_adj is 1000.
-HOG = "for i in $(seq 8); do python3 -c 'import time; a = bytearray(48 << 20); time.sleep(30)' & done; wait"
+# Eight hogs of 48 MB each, held until killed (on a loaded machine hogs that let go after a few
+# seconds could start one after another and never overlap): each smaller than PID 1's score once its
+# oom_score_adj is 1000.
+HOG = "for i in $(seq 8); do python3 -c 'import time; a = bytearray(48 << 20); time.sleep(600)' & done; wait"
 
 
 def test_a_container_the_agent_killed_is_its_own_failure(make_task, tok):
