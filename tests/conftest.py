@@ -148,6 +148,9 @@ class ScriptedEngine:
     def load(self, script: list[str]) -> None:
         self.script, self.turn_of = script, {}
 
+    def close(self) -> None:  # the engine interface: a stage closes the engine it made
+        pass
+
     def turn(self, prompt: list[int]) -> int:
         prev = [len(p) for p in self.turn_of if len(p) < len(prompt) and tuple(prompt[: len(p)]) == p]
         return self.turn_of.setdefault(tuple(prompt), self.turn_of[tuple(prompt[: max(prev)])] + 1

@@ -177,6 +177,9 @@ class KillerOrSolver:
     def __init__(self):
         self.tokenizer = C.make_tiny_tokenizer()
 
+    def close(self) -> None:  # the engine interface: a stage closes the engine it made
+        pass
+
     def generate(self, prompts, sampling, seeds=None):
         gens = []
         for p in prompts:

@@ -277,6 +277,9 @@ class Attacker:
     def __init__(self):
         self.tokenizer = C.make_tiny_tokenizer()
 
+    def close(self) -> None:  # the engine interface: a stage closes the engine it made
+        pass
+
     def turn(self, seen: str) -> str:
         done = seen.count("<tool_response>")
         fake = "printf '#!/bin/sh\\nexit 0\\n' > /tmp/p; chmod +x /tmp/p; mv /tmp/p /usr/sbin/python3"
