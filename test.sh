@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 bash setup.sh
-python3 -m pytest -q -rs "$@"  # -rs: every skip with its reason
+python3 -m pytest -q -rs --durations=15 "$@"  # -rs: every skip with its reason; the 15 slowest tests
