@@ -14,6 +14,7 @@ so a killed run resumes with the attempts it has not done.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -126,7 +127,7 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
                                max_tokens=cfg.max_tokens, command_timeout=cfg.command_timeout)
     sampling = C.SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)
     rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
-    own = bool(todo) and engine is None  # an engine made here goes with the run
+    own = bool(todo) and engine is None  # an engine made here goes with the run, after the pool
     if own:
         engine = C.make_engine(cfg.engine, cfg.model,
                                **({"max_model_len": scaffold.max_context} if cfg.engine == "vllm" else {}))
@@ -135,28 +136,25 @@ def collect(cfg: Config, engine: object | None = None) -> dict:
     bar = tqdm(total=len(todo), desc="collect")
     # Each attempt is written as soon as it ends (a killed run loses only those in flight); a
     # failed attempt keeps its snapshot (keep=1), committed before the verifier ran.
-    try:
-        with C.env_session(), C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
-            for task, k, j in todo:  # attempt j of tasks x attempts samples with seed + j, resumed or not
-                ep = C.first_attempt(task, engine.tokenizer, rcfg, seed=cfg.seed + j)
-                pool.submit(ep, commit="failed", tag=k)
-            for k, ep in pool.completed():
-                rid = None
-                if ep.reward < 1.0 and ep.snapshot:
-                    state = C.FailureState.from_episode(ep, policy)
-                    rid = state.id
-                    C.append_jsonl(fail_path, dataclasses.asdict(state))
-                C.append_jsonl(log_path, {"task": ep.task.name, "attempt": k, "reward": ep.reward,
-                                          "category": ep.category, "turns": ep.turns, "end": ep.end,
-                                          "failure": rid, "error": ep.error, "seconds": ep.seconds,
-                                          "queue_s": round(ep.queue_s, 2), "host": ep.host})
-                bar.update(1)
-                stats = pool.stats()
-                bar.set_postfix(engine_idle=stats["engine_idle_frac"], env_steps=stats.get("env_steps", 0))
-        bar.close()
-    finally:
-        if own:
-            engine.close()
+    with C.env_session(), contextlib.closing(engine) if own else contextlib.nullcontext(), \
+            C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
+        for task, k, j in todo:  # attempt j of tasks x attempts samples with seed + j, resumed or not
+            ep = C.first_attempt(task, engine.tokenizer, rcfg, seed=cfg.seed + j)
+            pool.submit(ep, commit="failed", tag=k)
+        for k, ep in pool.completed():
+            rid = None
+            if ep.reward < 1.0 and ep.snapshot:
+                state = C.FailureState.from_episode(ep, policy)
+                rid = state.id
+                C.append_jsonl(fail_path, dataclasses.asdict(state))
+            C.append_jsonl(log_path, {"task": ep.task.name, "attempt": k, "reward": ep.reward,
+                                      "category": ep.category, "turns": ep.turns, "end": ep.end,
+                                      "failure": rid, "error": ep.error, "seconds": ep.seconds,
+                                      "queue_s": round(ep.queue_s, 2), "host": ep.host})
+            bar.update(1)
+            stats = pool.stats()
+            bar.set_postfix(engine_idle=stats["engine_idle_frac"], env_steps=stats.get("env_steps", 0))
+    bar.close()
     names = {t.name for t in tasks}
     latest = {(a["task"], a["attempt"]): a for a in C.read_jsonl(log_path)}  # a retried attempt's last row
     attempts = [a for a in latest.values() if a["task"] in names]

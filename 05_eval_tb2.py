@@ -17,6 +17,7 @@ timings; agent/ and verifier/ logs), so Harbor's tools read the run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -264,32 +265,30 @@ def run_policy(cfg: Config, todo: list[tuple[C.Task, int, int]], out: Path, imag
     rcfg = C.rollout_config(scaffold, sampling, cfg.concurrency, cfg.timeout_multiplier)
     tok = engine.tokenizer
     bar = tqdm(total=len(todo), desc="eval[policy]")
-    try:  # the engine goes with the run (a caller that runs 05 twice in one process needs it gone)
-        with C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
-            for task, k, j in todo:  # trial j of the run (its place in tasks x trials) samples with seed + j
-                ep = C.first_attempt(task, tok, rcfg, seed=cfg.seed + j)
-                pool.submit(ep, commit="failed" if cfg.recovery else "none", tag=(k, j, None))
-            for (k, j, trial), ep in pool.completed():
-                if trial is None and ep.snapshot:  # a failed trial: fork its recovery now, with its own seeds
-                    pool.fork_recovery(ep, cfg.model, tag=(k, j, ep), seed=cfg.seed + j + 2**20)
-                    continue
-                if trial is not None:  # the recovery of `trial` ended (its snapshot gone)
-                    save_trajectory(out, f"{ep.task.name}__{k}__recovery", ep)
-                    C.append_jsonl(out / "recovery.jsonl", {
-                        "task": ep.task.name, "trial": k, "category": trial.category, "reward": ep.reward,
-                        "turns": ep.turns, "error": ep.error or ep.verify_error})
-                    ep = trial
-                save_trajectory(out, f"{ep.task.name}__{k}", ep)
-                error_type = "EnvironmentError" if ep.error else verifier_error_type(ep.verify_error)
-                save_trial(cfg, out, new_row(cfg, ep.task, k) | images[ep.task.name] | {
-                    "reward": ep.reward, "error": ep.error or ep.verify_error, "turns": ep.turns,
-                    "end": ep.end, "error_type": error_type, "error_category": ep.category,
-                    "agent_timed_out": ep.end == "timeout", "seconds": ep.seconds,
-                    "queue_s": round(ep.queue_s, 2), "host": ep.host}, ep)
-                bar.update(1)
-        bar.close()
-    finally:
-        engine.close()
+    # the engine goes with the run, after the pool (a caller may run 05 twice in one process)
+    with contextlib.closing(engine), C.RolloutPool(engine, rcfg, not cfg.no_internet) as pool:
+        for task, k, j in todo:  # trial j of the run (its place in tasks x trials) samples with seed + j
+            ep = C.first_attempt(task, tok, rcfg, seed=cfg.seed + j)
+            pool.submit(ep, commit="failed" if cfg.recovery else "none", tag=(k, j, None))
+        for (k, j, trial), ep in pool.completed():
+            if trial is None and ep.snapshot:  # a failed trial: fork its recovery now, with its own seeds
+                pool.fork_recovery(ep, cfg.model, tag=(k, j, ep), seed=cfg.seed + j + 2**20)
+                continue
+            if trial is not None:  # the recovery of `trial` ended (its snapshot gone)
+                save_trajectory(out, f"{ep.task.name}__{k}__recovery", ep)
+                C.append_jsonl(out / "recovery.jsonl", {
+                    "task": ep.task.name, "trial": k, "category": trial.category, "reward": ep.reward,
+                    "turns": ep.turns, "error": ep.error or ep.verify_error})
+                ep = trial
+            save_trajectory(out, f"{ep.task.name}__{k}", ep)
+            error_type = "EnvironmentError" if ep.error else verifier_error_type(ep.verify_error)
+            save_trial(cfg, out, new_row(cfg, ep.task, k) | images[ep.task.name] | {
+                "reward": ep.reward, "error": ep.error or ep.verify_error, "turns": ep.turns,
+                "end": ep.end, "error_type": error_type, "error_category": ep.category,
+                "agent_timed_out": ep.end == "timeout", "seconds": ep.seconds,
+                "queue_s": round(ep.queue_s, 2), "host": ep.host}, ep)
+            bar.update(1)
+    bar.close()
     C.log0("rollout: " + ", ".join(f"{k} {v:.3g}" for k, v in pool.stats().items()))
 
 

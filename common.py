@@ -1361,16 +1361,22 @@ _BTRFS_FS_INFO = (2 << 30) | (1024 << 16) | (0x94 << 8) | 31
 _QUOTA_DISABLE, _QUOTA_ENABLE_SIMPLE = 2, 4
 
 
+def _btrfs_ioctl(path: str | Path, request: int, arg: bytes | bytearray) -> None:
+    """One btrfs ioctl on the filesystem holding `path` (a bytearray `arg` is filled in); OSError."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, request, arg)
+    finally:
+        os.close(fd)
+
+
 def _btrfs_quota_mode(path: str | Path) -> str:
     """The quota mode of the btrfs filesystem holding `path`: "squota" (simple), "qgroup" (full; the
     only kind before Linux 6.7, which has no mode file) or "" (off). OSError if it isn't btrfs."""
-    import fcntl
-
-    fd, info = os.open(path, os.O_RDONLY), bytearray(1024)
-    try:
-        fcntl.ioctl(fd, _BTRFS_FS_INFO, info)
-    finally:
-        os.close(fd)
+    info = bytearray(1024)
+    _btrfs_ioctl(path, _BTRFS_FS_INFO, info)
     qgroups = Path("/sys/fs/btrfs", str(uuid.UUID(bytes=bytes(info[16:32]))), "qgroups")
     if not qgroups.is_dir():
         return ""
@@ -1378,14 +1384,9 @@ def _btrfs_quota_mode(path: str | Path) -> str:
 
 
 def _btrfs_quota_ctl(path: str | Path, cmd: int) -> None:
-    import fcntl
     import struct
 
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.ioctl(fd, _BTRFS_QUOTA_CTL, struct.pack("QQ", cmd, 0))
-    finally:
-        os.close(fd)
+    _btrfs_ioctl(path, _BTRFS_QUOTA_CTL, struct.pack("QQ", cmd, 0))
 
 
 def _simple_quotas(mnt: Path, log: Callable[[str], None]) -> None:
@@ -1639,6 +1640,7 @@ DEFAULT_STORAGE_INODES = 1_000_000  # its files+folders cap without `storage_ino
 EXEC_GRACE = 30.0  # seconds the host waits past a command's own timeout before it gives up on the exec
 EXEC_OUTPUT_CAP = 65536  # bytes the host reads of a harness exec's output (the tool's: max_bytes more)
 START_TIMEOUT = 60.0  # seconds a new container's set-up exec may take
+PIDS_HEADROOM = 8  # pids an exec may need to start (see Env._gone)
 DISK_FLOOR_MB = 2048  # free space (MB) kept on the data-root and output folders (RETERM_DISK_FLOOR_MB)
 DISK_WAIT = 600.0  # seconds a new episode waits for the disk to come back above the floor
 
@@ -1929,11 +1931,15 @@ class StorageWatch:
             return int(info.get("SizeRw") or 0), 0
         return None
 
+    def past(self, used: tuple[int, int] | None) -> bool:
+        """Is `used` (bytes, inodes) past a cap?"""
+        return used is not None and (used[0] > self.cap[0] or used[1] > self.cap[1])
+
     def over(self, used: tuple[int, int] | None = None) -> bool:
         """Measured now (or `used`): is the layer past a cap? (Checked before each command, which then
         may grow a file by at most 1 MB: fast commands can't each slip a large file in between two polls.)"""
         used = used or self.usage()
-        over = used is not None and (used[0] > self.cap[0] or used[1] > self.cap[1])
+        over = self.past(used)
         if over and self.last is None:
             self.last = used  # the poll kills only on growth past this
         return over
@@ -1954,11 +1960,11 @@ class StorageWatch:
             if used is None:
                 continue
             self.used = used
-            over = used[0] > self.cap[0] or used[1] > self.cap[1]
+            over = self.past(used)
             grew = self.last is None or used[0] > self.last[0] + 2**20 or used[1] > self.last[1] + 1000
             if over and grew and self.last is None:  # measured again: files deleted meanwhile spare the
                 used = self.usage() or used  # command that runs now
-                over = used[0] > self.cap[0] or used[1] > self.cap[1]
+                over = self.past(used)
             if over and grew:
                 self.kill("cap")
                 used = self.usage() or used  # what the killed writers left: growth counts from here
@@ -2095,9 +2101,6 @@ def _loop_backing(path: str) -> str | None:
 DISK = DiskReserve()  # this process's one reserve (stages add their output folders with DISK.guard)
 
 
-PIDS_HEADROOM = 8  # pids an exec may need to start (see Env._gone)
-
-
 class Env:
     """One task container; `close()` (or leaving a `with` block) removes it."""
 
@@ -2206,11 +2209,10 @@ class Env:
                              time.monotonic() - t0)
         if self.watch and self.watch.trips > trips:
             cap = self.watch.cap
-            note = (f"\n[killed: the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} "
-                    "files and folders); every process in it was stopped]\n") if self.watch.why == "cap" \
-                else (
-                "\n[killed: the host's disk is under its floor of free space and this container's files "
-                "grew most; every process in it was stopped]\n")
+            why = (f"the container's files passed the storage cap ({cap[0] >> 20} MB or {cap[1]} files and "
+                   "folders)" if self.watch.why == "cap" else
+                   "the host's disk is under its floor of free space and this container's files grew most")
+            note = f"\n[killed: {why}; every process in it was stopped]\n"
             out = r[1].decode(errors="replace") if r else ""
             return CmdResult(out + note, 137, False, time.monotonic() - t0)
         if r is None:  # the harness itself hung (a planted binary, a frozen filesystem)
@@ -2276,7 +2278,7 @@ class Env:
             paused = True
         try:
             used = self.watch.usage() if self.watch else None
-            if used and (used[0] > self.watch.cap[0] or used[1] > self.watch.cap[1]):
+            if self.watch and self.watch.past(used):
                 cap = self.watch.cap
                 raise ContainerDied(f"{self.task.name}: no snapshot: the container's files ({used[0] >> 20} "
                                     f"MB, sparse files counted whole; {used[1]} files and folders) are past "
