@@ -162,12 +162,15 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     P.main(["--block", str(block), "--keep-block", str(kept)])
     assert not (kept / "tasks").exists() and (kept / "seed0/sft/final/config.json").exists()
     out = tmp_path / "paired"
+    # --no-secondary: 05 on the twins is the learning run's pass_at_1 and success_with_retry, which
+    # learning_run runs end to end already (35 s of the suite's 20 minutes)
     done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "2",
-                   "--eval-every", "1", "--curve-forks", "1", "--gate-plain-pass", "0"])
+                   "--eval-every", "1", "--curve-forks", "1", "--gate-plain-pass", "0", "--no-secondary"])
     assert (out / "tasks/split.json").read_text() == (block / "tasks/split.json").read_text()
     rep = json.loads((out / "rep7/replicate.json").read_text())
     assert done[7] == rep and rep["replicate"] == 7 and rep["evaluated_on"] == "dev"
     assert rep["block"] == str(kept) and rep["gate"]["n_plain_attempts"] > 0
+    assert rep["secondary"] == {} and not (out / "rep7/eval_fork").exists()
     split = json.loads((block / "tasks/split.json").read_text())
     sft = json.loads((block / "seed0/sft_result.json").read_text())
     n = len(sft["recovery_before"])
