@@ -136,7 +136,15 @@ def call(cmd: str) -> str:
             "</tool_call>")
 
 
-class ScriptedEngine:
+class FakeEngine:
+    """What every test engine shares with the real ones besides generate: a stage closes the engine
+    it made."""
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedEngine(FakeEngine):
     """Engine interface, but each episode's turns come from a script: tests know the truth.
     Episodes advance on their own clocks, so a prompt's turn is found from its own history: it
     extends the prompt of that episode's previous turn (load() starts a new script at turn 0)."""
@@ -147,9 +155,6 @@ class ScriptedEngine:
 
     def load(self, script: list[str]) -> None:
         self.script, self.turn_of = script, {}
-
-    def close(self) -> None:  # the engine interface: a stage closes the engine it made
-        pass
 
     def turn(self, prompt: list[int]) -> int:
         prev = [len(p) for p in self.turn_of if len(p) < len(prompt) and tuple(prompt[: len(p)]) == p]

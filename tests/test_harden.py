@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import write_task
+from conftest import FakeEngine, write_task
 
 import common as C
 
@@ -170,15 +170,12 @@ def tool_call(cmd: str) -> str:
             "</tool_call>")
 
 
-class KillerOrSolver:
+class KillerOrSolver(FakeEngine):
     """Each episode sees its own prompt: the `killer` task's policy kills everything it can, the
     others solve their task."""
 
     def __init__(self):
         self.tokenizer = C.make_tiny_tokenizer()
-
-    def close(self) -> None:  # the engine interface: a stage closes the engine it made
-        pass
 
     def generate(self, prompts, sampling, seeds=None):
         gens = []

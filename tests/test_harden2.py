@@ -12,7 +12,7 @@ import threading
 import batch_rollouts as R
 import pytest
 import test_harden
-from conftest import ScriptedEngine, call
+from conftest import FakeEngine, ScriptedEngine, call
 
 import common as C
 
@@ -269,16 +269,13 @@ def test_packages_a_solution_installs_still_work_under_the_toolchain(make_task):
         assert [env.verify(fresh=f).reward for f in (False, True)] == [1.0, 1.0]
 
 
-class Attacker:
+class Attacker(FakeEngine):
     """Each episode's policy from its instruction's first word: FORGE plants a python3 that exits 0
     and a .pth hook, FILL writes 200k files, DEEP sends a tool call nested 1,200 deep then solves,
     anything else solves. One 05 run holds them all."""
 
     def __init__(self):
         self.tokenizer = C.make_tiny_tokenizer()
-
-    def close(self) -> None:  # the engine interface: a stage closes the engine it made
-        pass
 
     def turn(self, seen: str) -> str:
         done = seen.count("<tool_response>")
