@@ -345,8 +345,12 @@ def combine(cfg: Config) -> dict:
         for key in ("task_seed", "evaluated_on"):
             if key in plan and rep.get(key) != plan[key]:
                 raise SystemExit(f"--combine: {path} has {key} {rep.get(key)!r}; the plan says {plan[key]!r}")
-    for rep in reps:
+        # ... and the endpoint: the final GRPO step and the bank's size
         rep["per_state"] = per_state(rep, forks)
+        ran = {"grpo_steps": rep["curves"]["fork"][-1]["grpo_step"], "bank_states": len(rep["per_state"])}
+        for key, value in ran.items():
+            if key in plan and value != plan[key]:
+                raise SystemExit(f"--combine: {path} has {key} {value}; the plan says {plan[key]}")
     diffs = [rep["curves"]["fork"][-1]["recovery"] - rep["curves"]["standard_retry"][-1]["recovery"]
              for rep in reps]
     steps = sorted({p["grpo_step"] for rep in reps for p in rep["curves"]["fork"]})

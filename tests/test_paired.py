@@ -102,7 +102,9 @@ def test_combine_pools_replicate_files_alone_under_the_plan(tmp_path):
     for change, message in (({"forks_per_state": 4}, "forks every bank state 4 times"),
                             ({"frozen_commit": "abc123"}, "not at the plan's frozen commit abc123"),
                             ({"task_seed": 6}, "task_seed 5; the plan says 6"),
-                            ({"evaluated_on": "dev"}, "evaluated_on 'heldout'; the plan says 'dev'")):
+                            ({"evaluated_on": "dev"}, "evaluated_on 'heldout'; the plan says 'dev'"),
+                            ({"grpo_steps": 32}, "grpo_steps 16; the plan says 32"),
+                            ({"bank_states": 80}, "bank_states 2; the plan says 80")):
         (tmp_path / "plan2.json").write_text(json.dumps(PLAN | change))
         with pytest.raises(SystemExit, match=message):
             P.main(["--combine", str(tmp_path), "--plan", str(tmp_path / "plan2.json"), "--out",
