@@ -126,6 +126,9 @@ class Config:
     # a third policy, 04 --mode standard_retry at the same budget: fresh starts whose failed attempts go
     # on with the recovery turn, so the recovery skill is reachable without a pool (the fair baseline)
     retry_baseline: bool = True
+    # plain 04 --mode standard at the same budget, the third policy of the protocol in bench/results/heldout
+    # (False: fork and standard_retry only, as the paired protocol compares them)
+    plain_standard: bool = True
     task_seed: int = 0  # the task parameters and the split (fixed across seeds)
     hidden: int = 128  # policy hidden size (head_dim 32)
     layers: int = 4  # policy transformer blocks
@@ -178,7 +181,7 @@ SPLIT_FIELDS = ("n_train", "n_heldout", "heldout_frac", "pool_frac", "stale_frac
 LEGACY = {"pool_frac": 0.0, "stale_frac": 0.0, "plain_demos": False, "plain_frac": 1.0, "fresh_out": False,
           "scopes": Config.scopes, "dev_frac": 0.0, "n_dev": 40, "eval_on": "heldout",
           "count_pool_steps": False, "eval_retry": False, "stale_vary": False, "retry_baseline": False,
-          "stale_compose": False, "warmup_plain": False, "entry_split": False,
+          "plain_standard": True, "stale_compose": False, "warmup_plain": False, "entry_split": False,
           "inspect": "ls -la"}
 # recovery_by_cause keys: Recovery@1 by cause (any planted entry, none, and per kind), on the states with
 # a planted entry the share of recoveries that removed it and Recovery@1 of those, and blind removals
@@ -190,9 +193,10 @@ PLANTED_NAMES = sorted({n for names in microtasks.STALE_NAMES.values() for n in 
 
 
 def modes_of(per_seed: list[dict]) -> tuple[str, ...]:
-    """The GRPO policies every seed trained: fork and standard, and standard_retry where all have it."""
-    retry = bool(per_seed) and all("standard_retry" in s.get("recovery_after_samples", {}) for s in per_seed)
-    return ("fork", "standard", *(["standard_retry"] if retry else []))
+    """The GRPO policies every seed trained, fork first: of fork, standard and standard_retry, those
+    that every seed has an evaluation of."""
+    return tuple(m for m in ("fork", "standard", "standard_retry")
+                 if per_seed and all(m in s.get("recovery_after_samples", {}) for s in per_seed))
 
 
 # the Config fields that say how a run ran, not what it measured: runs that differ only in them pool
@@ -541,7 +545,8 @@ def run_seed(cfg: Config, seed: int, tasks: Path, data: Path, code: str | None) 
     train_dir, held_dir = tasks / "train", tasks / cfg.eval_on
     grpo_dir = grpo_tasks_dir(cfg, tasks)
     warm_rows = data.parent / ("warmup.jsonl" if cfg.warmup_plain else "solutions.jsonl")
-    modes = ("fork", "standard", *(["standard_retry"] if cfg.retry_baseline else []))  # the GRPO policies
+    modes = ("fork", *(["standard"] if cfg.plain_standard else []),  # the GRPO policies, fork first
+             *(["standard_retry"] if cfg.retry_baseline else []))
     res: dict = {"seed": seed, "wall_s": {}, "code": code}  # code: the commit it runs at (code_version)
     t = time.monotonic()
 

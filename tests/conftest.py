@@ -280,7 +280,8 @@ def learning_run(docker_ready, tmp_path_factory) -> tuple[Path, list[str], dict]
     """bench/experiment_learning.py end to end at a toy size, run once for the session: (its --out,
     its argv, its results). A 64x2 model, a few steps, a GRPO pool kept out of SFT, --stale-vary
     entries with --stale-compose names, and --entry-split dev twins, so that the run is also a block
-    for experiment_paired.py (its bank: the dev twins' failure states, forked twice each)."""
+    for experiment_paired.py (its bank: the dev twins' failure states, forked twice each). Fork and
+    standard_retry only: plain standard is 04 --mode standard, which test_grpo runs on its own."""
     import importlib.util
     import json
 
@@ -293,7 +294,7 @@ def learning_run(docker_ready, tmp_path_factory) -> tuple[Path, list[str], dict]
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "2",
             "--eval-trials", "1", "--max-turns", "2", "--max-tokens", "32", "--bootstrap", "50",
-            "--concurrency", "4", "--n-dev", "3", "--eval-on", "dev"]
+            "--concurrency", "4", "--n-dev", "3", "--eval-on", "dev", "--no-plain-standard"]
     if not importlib.util.find_spec("vllm"):
         argv += ["--engine", "hf"]
     return out, argv, json.loads(json.dumps(E.main(argv)))  # as JSON holds it (tuples become lists)

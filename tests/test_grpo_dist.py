@@ -164,12 +164,12 @@ rank, world, _ = C.init_distributed(timeout_s=3)  # the training group: 3 s
 C.cpu_group(120)  # the hand-off group
 cfg = C.parse_config(G.Config, ["--model", "m", "--out", "o", "--groups-per-step", "2", "--mode", "standard"])
 
-def slow_share(plan, cfg, tasks, engine, rcfg):  # rank 1's rollout takes 10 s
+def slow_share(plan, cfg, tasks, engine, rcfg):  # rank 1's rollout takes 6 s, twice the timeout
     if rank == 1:
-        time.sleep(10)
+        time.sleep(6)
     groups = [G.Group("fresh", p["key"], "fresh", [C.Episode(None, [], C.TokenTrace(), reward=r)
                                                    for r in (0.0, 1.0)], p["key"]) for p in plan]
-    return groups, {{"env_steps": 2, "wall_s": 10.0 * rank, "engine_idle_frac": 0.0}}
+    return groups, {{"env_steps": 2, "wall_s": 6.0 * rank, "engine_idle_frac": 0.0}}
 
 G.run_groups = slow_share
 t = time.monotonic()
@@ -179,7 +179,7 @@ print("COLLECTED", rank, sorted(g.key for g in groups), stats["episodes_by_rank"
       round(time.monotonic() - t), flush=True)
 try:  # the control: the same wait on the training group times out
     if rank == 1:
-        time.sleep(10)
+        time.sleep(6)
     torch.distributed.barrier()
     print("CONTROL", rank, "passed", flush=True)
 except Exception as e:
@@ -193,7 +193,7 @@ try:  # a SIGTERM (torchrun passing on a Ctrl-C) ends the wait for a slow rank a
     if rank == 0:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     else:
-        time.sleep(10)
+        time.sleep(6)
     C.all_gather_objects(rank)
 except BaseException as e:
     print("STOPPED", rank, type(e).__name__, round(time.monotonic() - t), flush=True)
@@ -210,9 +210,9 @@ def test_a_rollout_longer_than_the_collective_timeout_still_hands_its_rows_over(
     out = [ln.split(maxsplit=2) for ln in r.stdout.splitlines() if ln.startswith(("COLLECTED", "CONTROL"))]
     got = {(k, rank): rest for k, rank, rest in out}
     assert {("COLLECTED", "0"), ("COLLECTED", "1")} <= set(got), r.stdout[-2000:] + r.stderr[-3000:]
-    for rank in "01":  # both groups back on both ranks, one per rank, rank 0 waited ~10 s > 3 s
+    for rank in "01":  # both groups back on both ranks, one per rank, rank 0 waited ~6 s > 3 s
         assert got["COLLECTED", rank].startswith("['a', 'b'] [2, 2] 4"), got
-    assert int(got["COLLECTED", "0"].split()[-1]) >= 9
+    assert int(got["COLLECTED", "0"].split()[-1]) >= 5
     assert got["CONTROL", "0"].startswith("timed out"), got  # so 3 s really was the limit
     stopped = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("STOPPED 0")]
     assert stopped and stopped[0][2] == "KeyboardInterrupt" and int(stopped[0][3]) <= 3, r.stdout[-2000:]

@@ -382,7 +382,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
         assert key in res, key
     assert "recovery_fork_minus_standard_retry" in res["ci95_tasks"]
     for key in ("heldout_recovery_after", "heldout_pass_at_1_after", "env_steps", "nonuniform_group_frac"):
-        assert set(res[key]) == {"fork", "standard", "standard_retry"}, key
+        assert set(res[key]) == {"fork", "standard_retry"}, key  # --no-plain-standard: no plain standard
     s0 = res["per_seed"][0]
     assert len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"])
     assert res["evaluated_on"] == "dev" and set(s0["recovery_sample_tasks"]) <= set(res["dev_tasks"])
@@ -392,10 +392,10 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
     parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks", "dev_tasks")]
     assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
     # every mode ran to the same environment-step budget (a baseline may overshoot by its last step)
-    assert 0 < res["env_steps"]["fork"] <= min(res["env_steps"][m] for m in ("standard", "standard_retry"))
+    assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard_retry"]
     # success within one attempt + one recovery, for every policy, never below its Pass@1
     swr = res["heldout_success_with_retry"]
-    assert set(swr) == {"base", "sft", "fork", "standard", "standard_retry"}
+    assert set(swr) == {"base", "sft", "fork", "standard_retry"}
     assert all(0 <= x <= 1 for x in swr.values())
     assert swr["fork"] >= res["heldout_pass_at_1_after"]["fork"]
     assert swr["sft"] >= res["per_seed"][0]["sft_pass_at_1"]
@@ -411,7 +411,8 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
             for r in C.read_jsonl(out / "data" / f)]
     assert rows and {r["task_id"] for r in rows} <= parts[0]
     # no held-out task in any GRPO group of either mode (fork groups name their state's task)
-    grouped = {g["task"] for m in ("fork", "standard", "standard_retry")
+    assert not (seed / "standard").exists()
+    grouped = {g["task"] for m in ("fork", "standard_retry")
                for r in C.read_jsonl(seed / m / "metrics.jsonl")
                for g in r["group_rewards"]}
     assert grouped and grouped <= parts[0] | parts[1]
@@ -432,9 +433,9 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
         removal = f"rm -rf {split['causes'][r['task_id']]['path']}"  # --stale-vary: each its own entry
         assert removal not in cmds[0] and removal in cmds[1], cmds
     assert 0 <= res["heldout_failures_stale_frac"] <= 1
-    assert set(res["recovery_by_cause"]) == {"before", "fork", "standard", "standard_retry"}
+    assert set(res["recovery_by_cause"]) == {"before", "fork", "standard_retry"}
     assert set(res["recovery_by_cause"]["before"]) == set(E.CAUSES)
-    assert set(res["blind_repair_rate"]) == {"before", "fork", "standard", "standard_retry"}
+    assert set(res["blind_repair_rate"]) == {"before", "fork", "standard_retry"}
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
              for r in C.read_jsonl(seed / f / "failures.jsonl")]
     assert snaps  # the random-init policy fails, so there were states to snapshot
@@ -447,10 +448,9 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
     assert sft_only["recovery_before"] == s0["recovery_before"] and sft_only["code"] == s0["code"]
     # every evaluation point was recorded as it was made (what a seed stopped mid-way keeps)
     prog = C.read_jsonl(seed / "progress.jsonl")
-    assert [r["policy"] for r in prog] == ["sft", "fork", "standard", "standard_retry"]
+    assert [r["policy"] for r in prog] == ["sft", "fork", "standard_retry"]
     curve = res["per_seed"][0]["curve"]
     assert [r["recovery"] for r in prog] == [curve["fork"][0]["recovery"], curve["fork"][1]["recovery"],
-                                             curve["standard"][1]["recovery"],
                                              curve["standard_retry"][1]["recovery"]]
     done = (seed / "result.json").stat().st_mtime_ns
     assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
@@ -623,3 +623,7 @@ def test_task_bootstrap_is_paired_and_keeps_each_tasks_samples_together():
     assert ci["recovery_gain_standard"] == [0.0, 0.0]
     assert 0 < ci["recovery_gain_fork"][0] <= ci["recovery_gain_fork"][1] <= 1
     assert E.task_bootstrap([{"recovery_before": [1.0]}], 50, random.Random(0)) is None
+    # the policies are the ones every seed has, fork first, whichever modes a run trained
+    retry_only = {"recovery_after_samples": {"standard_retry": [1], "fork": [0]}}
+    assert E.modes_of([retry_only]) == ("fork", "standard_retry")
+    assert E.modes_of([retry_only, seed(same, same, same)]) == ("fork",)
