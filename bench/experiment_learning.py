@@ -963,15 +963,21 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def require_commit(commit: str) -> str | None:
+    """This checkout's code_version(); refuse to run unless it is a clean one at `commit` (a frozen
+    protocol's runs) where one is named."""
+    version = code_version()
+    if commit and not (version and version.startswith(commit) and not version.endswith("+dirty")):
+        raise SystemExit(f"--require-commit {commit}: this checkout is at {version}; run from "
+                         f"a clean checkout of it (git worktree add DIR {commit})")
+    return version
+
+
 def main(argv: list[str] | None = None) -> dict:
     cfg = C.parse_config(Config, argv)
     if cfg.combine:
         return combine(cfg)
-    version = code_version()
-    frozen = version and version.startswith(cfg.require_commit) and not version.endswith("+dirty")
-    if cfg.require_commit and not frozen:
-        raise SystemExit(f"--require-commit {cfg.require_commit}: this checkout is at {version}; run from "
-                         f"a clean checkout of it (git worktree add DIR {cfg.require_commit})")
+    version = require_commit(cfg.require_commit)
     out = Path(cfg.out)
     if (out / "config.json").exists():  # a resumed run: its task folders and 01 rows must still be right
         old, new = split_fields(json.loads((out / "config.json").read_text())), split_fields(vars(cfg))

@@ -70,6 +70,7 @@ class Config:
     secondary: bool = True  # 05 Pass@1 and success with one retry on the evaluation tasks, at the end
     keep_block: str = ""  # instead: copy what replicates need of --block to this folder (to commit it)
     combine: list[str] = dataclasses.field(default_factory=list)  # replicate folders (or runs of them)
+    require_commit: str = ""  # refuse to run a replicate unless this is a clean checkout of that commit
     plan: str = "bench/prereg_paired.json"  # --combine: the pre-registered analysis plan
     bootstrap: int = 4000  # --combine: bootstrap resamples (replicates and bank states together)
 
@@ -417,6 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
         return combine(cfg)
     if not cfg.block:
         raise SystemExit("--block RUN is required (a finished experiment_learning.py --sft-only run)")
+    E.require_commit(cfg.require_commit)
     if cfg.keep_block:
         copied = keep_block(Path(cfg.block), cfg.block_seed, Path(cfg.keep_block))
         print(f"kept {len(copied)} paths of {cfg.block} in {cfg.keep_block}")

@@ -111,6 +111,13 @@ def test_combine_pools_replicate_files_alone_under_the_plan(tmp_path):
                     str(tmp_path / "x")])
 
 
+def test_require_commit_refuses_a_replicate_off_the_frozen_commit_before_anything_runs(tmp_path):
+    with pytest.raises(SystemExit, match="--require-commit 0000000: this checkout is at"):
+        P.main(["--block", str(tmp_path / "no-block"), "--out", str(tmp_path / "run"), "--require-commit",
+                "0000000"])
+    assert not (tmp_path / "run").exists()
+
+
 def test_paired_bootstrap_keeps_a_states_arms_together():
     """Every state's fork and standard_retry differ by exactly 0.5, so every paired draw gives 0.5;
     resampling the arms' states independently would not."""
