@@ -127,6 +127,55 @@ def test_paired_bootstrap_keeps_a_states_arms_together():
         (0.5, 0.0), (1.0, 0.5)]
 
 
+def test_replicate_runs_its_chunks_to_each_curve_point_and_gives_standard_retry_the_forks_steps(
+        tmp_path, monkeypatch):
+    """run_replicate's schedule with the stages stubbed: 5 GRPO steps at --eval-every 2 are chunks
+    to steps 2, 4 and 5 (the end-to-end test runs one chunk); intermediate points fork each bank
+    state --curve-forks times, the last as often as SFT did, and only it gives the samples; each
+    chunk's standard_retry budget is the fork arm's environment steps, stage 03's pool included."""
+    E = P.E
+    seed_dir = tmp_path / "block/seed0"
+    C.append_jsonl(seed_dir / "failures_train/attempts.jsonl", {"task": "plain", "reward": 1.0})
+    ecfg = E.Config(recovery_samples=4, eval_on="dev")
+    b = {"run": tmp_path / "block", "seed_dir": seed_dir, "ecfg": ecfg, "model": tmp_path / "sft",
+         "tasks": tmp_path / "tasks", "split": {"causes": {}},
+         "sft": {"recovery_before": [0.0, 1.0, 0.0, 0.0], "recovery_sample_tasks": ["t"] * 4}}
+    calls = []
+
+    def pool(args, log):  # stage 03: two first attempts of 3 and 4 turns
+        out = Path(args[args.index("--out") + 1])
+        for turns in (3, 4):
+            C.append_jsonl(out / "attempts.jsonl", {"task": "t", "turns": turns, "reward": 0.0})
+
+    def chunk(cfg, mode, sft, out, steps, budget, tasks_dir, failures, seed, last, log):
+        calls.append((mode, steps, budget, last))
+        C.append_jsonl(out / "metrics.jsonl", {"groups": 2, "groups_dropped": 1})
+        return 10 * steps if mode == "fork" else budget + 1  # standard_retry: the step that crosses it
+
+    def recovery(cfg, model, bank, tasks, seed):
+        return [1.0] * cfg.recovery_samples, [[] for _ in range(cfg.recovery_samples)]
+
+    monkeypatch.setattr(P, "replay_bank", lambda b, out, n: out / "bank.jsonl")
+    monkeypatch.setattr(E, "sh", pool)
+    monkeypatch.setattr(E, "grpo_chunk", chunk)
+    monkeypatch.setattr(E, "recovery_at_1", recovery)
+    monkeypatch.setattr(E, "load_causes", lambda tasks: {})
+    monkeypatch.setattr(C, "remove_snapshots", lambda *files: 0)
+    cfg = P.Config(out=str(tmp_path / "out"), grpo_steps=5, eval_every=2, curve_forks=1, secondary=False)
+    rep = P.run_replicate(cfg, b, 3)
+    assert calls == [("fork", 2, 0, False), ("standard_retry", 10**6, 27, False),
+                     ("fork", 4, 0, False), ("standard_retry", 10**6, 47, False),
+                     ("fork", 5, 0, True), ("standard_retry", 10**6, 57, True)]
+    assert rep["env_steps_pool"] == 7 and rep["env_steps"] == {"fork": 57, "standard_retry": 58}
+    for arm, steps in (("fork", [0, 27, 47, 57]), ("standard_retry", [0, 28, 48, 58])):
+        assert [p["grpo_step"] for p in rep["curves"][arm]] == [0, 2, 4, 5]
+        assert [p.get("forks_per_state") for p in rep["curves"][arm]] == [None, 1, 1, 4]
+        assert [p["env_steps"] for p in rep["curves"][arm]] == steps
+        assert rep["samples"][arm] == [1.0] * 4 and rep["nonuniform_group_frac"][arm] == 0.5
+    assert rep["curves"]["fork"][0]["recovery"] == 0.25 and rep["gate"]["plain_pass"] == 1.0
+    assert len(C.read_jsonl(tmp_path / "out/rep3/progress.jsonl")) == 6
+
+
 def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_ready, tmp_path):
     """A bank whose snapshot image is gone is rebuilt by replaying the attempt's commands: the
     rebuilt snapshot holds the same files under /app as a snapshot of the original attempt."""
@@ -173,7 +222,8 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     out = tmp_path / "paired"
     # --no-secondary: 05 on the twins is the learning run's pass_at_1 and success_with_retry, which
     # learning_run runs end to end already (35 s of the suite's 20 minutes)
-    done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "2",
+    # one chunk: the schedule over several is test_replicate_runs_its_chunks_to_each_curve_point...
+    done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "1",
                    "--eval-every", "1", "--curve-forks", "1", "--gate-plain-pass", "0", "--no-secondary"])
     assert (out / "tasks/split.json").read_text() == (block / "tasks/split.json").read_text()
     rep = json.loads((out / "rep7/replicate.json").read_text())
@@ -186,8 +236,8 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     assert n == 2 * len(C.read_jsonl(block / "seed0/failures_heldout/failures.jsonl")) > 0  # forked twice
     assert rep["sft"]["samples"] == sft["recovery_before"] and rep["sft"]["forks_per_state"] == 2
     for arm in P.ARMS:
-        assert [p["grpo_step"] for p in rep["curves"][arm]] == [0, 1, 2]
-        assert [p.get("forks_per_state") for p in rep["curves"][arm]] == [None, 1, 2]
+        assert [p["grpo_step"] for p in rep["curves"][arm]] == [0, 1]
+        assert [p.get("forks_per_state") for p in rep["curves"][arm]] == [None, 2]
         assert len(rep["samples"][arm]) == n  # the final point forks every state as often as SFT's
         assert rep["curves"][arm][-1]["recovery"] == sum(rep["samples"][arm]) / n
     # standard_retry ran to the fork arm's environment steps, whose budget counts stage 03's pool
