@@ -221,10 +221,10 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     assert not (kept / "tasks").exists() and (kept / "seed0/sft/final/config.json").exists()
     out = tmp_path / "paired"
     # --no-secondary: 05 on the twins is the learning run's pass_at_1 and success_with_retry, which
-    # learning_run runs end to end already (35 s of the suite's 20 minutes)
-    # one chunk: the schedule over several is test_replicate_runs_its_chunks_to_each_curve_point...
+    # learning_run runs end to end already (35 s). One chunk (no intermediate curve point): the
+    # schedule over several is test_replicate_runs_its_chunks_to_each_curve_point...
     done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "1",
-                   "--eval-every", "1", "--curve-forks", "1", "--gate-plain-pass", "0", "--no-secondary"])
+                   "--eval-every", "1", "--gate-plain-pass", "0", "--no-secondary"])
     assert (out / "tasks/split.json").read_text() == (block / "tasks/split.json").read_text()
     rep = json.loads((out / "rep7/replicate.json").read_text())
     assert done[7] == rep and rep["replicate"] == 7 and rep["evaluated_on"] == "dev"
