@@ -67,11 +67,11 @@ def cpu(args: argparse.Namespace, tmp: Path) -> None:
     flags = ["--max-len", str(args.budget), "--micro-batch-tokens", str(args.budget), "--epochs", "1",
              "--grad-accum", "1", "--no-activation-checkpointing"]
     results = {}
+    cfg = sft.Config(data=str(data), max_len=args.budget)
+    rows_in, tok = sft.load_rows(cfg.data, cfg.all_assistant), C.load_tokenizer(model)
     for mode in ("pack", "pad"):
         rows = run(data, model, tmp / mode, *flags, "--batching", mode)[1:]  # the first step warms up
-        cfg = sft.Config(data=str(data), max_len=args.budget)
-        rows_in = sft.load_rows(cfg.data, cfg.all_assistant)
-        traces, _ = sft.tokenize_rows(cfg, rows_in, C.load_tokenizer(model), tmp / mode, 0, 1)  # cached
+        traces, _ = sft.tokenize_rows(cfg, rows_in, tok, tmp / mode, 0, 1)  # cached by the run
         lengths = [len(ids) for ids, _ in traces]
         plan = sft.epoch_plan(lengths, args.budget, mode == "pack", 0, 0)
         results[mode] = (sum(r["tokens"] for r in rows) / sum(r["seconds"] for r in rows),
