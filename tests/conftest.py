@@ -277,11 +277,13 @@ def quota_engine(docker_ready):
 
 @pytest.fixture(scope="session")
 def learning_run(docker_ready, tmp_path_factory) -> tuple[Path, list[str], dict]:
-    """bench/experiment_learning.py end to end at a toy size, run once for the session: (its --out,
-    its argv, its results). A 64x2 model, a few steps, a GRPO pool kept out of SFT, --stale-vary
-    entries with --stale-compose names, and --entry-split dev twins, so that the run is also a block
-    for experiment_paired.py (its bank: the dev twins' failure states, forked twice each). Fork and
-    standard_retry only: plain standard is 04 --mode standard, which test_grpo runs on its own."""
+    """bench/experiment_learning.py --sft-only end to end at a toy size, run once for the session: (its
+    --out, its argv, its results). A 64x2 model, a few steps, a GRPO pool kept out of SFT, --stale-vary
+    entries with --stale-compose names, and --entry-split dev twins: a block for experiment_paired.py
+    (its bank: the dev twins' failure states, forked twice each), whose end-to-end test runs the GRPO
+    chunks (grpo_chunk) and forks (recovery_at_1) after SFT; the GRPO flags here are the block's recipe
+    for it. run_seed's own chunk loop after SFT is test_learning's stubbed test: running it here would
+    run the same 04 chunks and forks a second time."""
     import importlib.util
     import json
 
@@ -294,7 +296,7 @@ def learning_run(docker_ready, tmp_path_factory) -> tuple[Path, list[str], dict]
             "--sft-steps", "10", "--attempts", "1", "--pool-tasks", "3", "--grpo-steps", "1",
             "--eval-every", "1", "--batch-states", "2", "--group-size", "2", "--recovery-samples", "2",
             "--eval-trials", "1", "--max-turns", "2", "--max-tokens", "32", "--bootstrap", "50",
-            "--concurrency", "4", "--n-dev", "3", "--eval-on", "dev", "--no-plain-standard"]
+            "--concurrency", "4", "--n-dev", "3", "--eval-on", "dev", "--no-plain-standard", "--sft-only"]
     if not importlib.util.find_spec("vllm"):
         argv += ["--engine", "hf"]
     return out, argv, json.loads(json.dumps(E.main(argv)))  # as JSON holds it (tuples become lists)

@@ -19,7 +19,7 @@ from test_harden2 import TOML, bundled, plant, start
 
 import common as C
 
-pytestmark = pytest.mark.usefixtures("docker_ready")
+pytestmark = [pytest.mark.usefixtures("docker_ready"), pytest.mark.slow]  # as test_harden and test_harden2
 tok = test_harden2.tok  # the tiny tokenizer, module-scoped
 
 

@@ -366,41 +366,31 @@ def test_plain_frac_picks_a_seeded_share_of_the_stale_train_tasks(tmp_path):
 
 
 @pytest.mark.slow
-def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run, tmp_path):
-    """bench/experiment_learning.py end to end at a toy size (learning_run: a 64x2 model, a few steps, a
-    GRPO pool kept out of SFT, stale-file tasks, dev twins): the results.json contract, no split leaking
-    into another, no snapshot left behind, and a second invocation reuses the finished seed instead of
-    running it again."""
+def test_experiment_command_runs_every_stage_to_the_sft_policy_and_writes_its_results(learning_run):
+    """bench/experiment_learning.py end to end at a toy size up to the SFT policy's figures (learning_run:
+    --sft-only, a 64x2 model, a few steps, a GRPO pool kept out of SFT, stale-file tasks, dev twins):
+    the results.json contract, no split leaking into another, no snapshot left behind, and a second
+    invocation reuses the finished seed instead of running it again. The chunks after SFT:
+    test_a_seeds_grpo_chunks_... here, and test_paired's end-to-end replicate."""
     import docker
     import experiment_learning as E
 
     out, argv, res = learning_run
     assert res == json.loads((out / "results.json").read_text())
-    assert (out / "learning.png").stat().st_size > 0
     for key in ("seeds", "heldout_tasks", "train_tasks", "sft_pass_at_1", "base_pass_at_1",
-                "heldout_recovery_before", "per_seed", "ci95", "ci95_seeds", "ci95_tasks"):
+                "heldout_recovery_before", "sft_success_with_retry", "per_seed", "recovery_by_cause"):
         assert key in res, key
-    assert "recovery_fork_minus_standard_retry" in res["ci95_tasks"]
-    for key in ("heldout_recovery_after", "heldout_pass_at_1_after", "env_steps", "nonuniform_group_frac"):
-        assert set(res[key]) == {"fork", "standard_retry"}, key  # --no-plain-standard: no plain standard
     s0 = res["per_seed"][0]
-    assert len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"])
+    assert res["sft_only"] and len(s0["recovery_sample_tasks"]) == len(s0["recovery_before"]) > 0
     assert res["evaluated_on"] == "dev" and set(s0["recovery_sample_tasks"]) <= set(res["dev_tasks"])
     assert res["seeds"] == [0] and len(res["heldout_tasks"]) == 3 and len(res["train_tasks"]) == 8
     # the commit the seed ran at (a tracked file edited while this test runs may add "+dirty" since)
     assert res["code"] == [str(s0["code"])] and s0["code"].split("+")[0] == E.code_version().split("+")[0]
-    parts = [set(res[k]) for k in ("train_tasks", "pool_tasks", "heldout_tasks", "dev_tasks")]
+    parts = [set(res[f"{k}_tasks"]) for k in ("train", "pool", "heldout", "dev")]
     assert all(parts) and all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:])
-    # every mode ran to the same environment-step budget (a baseline may overshoot by its last step)
-    assert 0 < res["env_steps"]["fork"] <= res["env_steps"]["standard_retry"]
-    # success within one attempt + one recovery, for every policy, never below its Pass@1
-    swr = res["heldout_success_with_retry"]
-    assert set(swr) == {"base", "sft", "fork", "standard_retry"}
-    assert all(0 <= x <= 1 for x in swr.values())
-    assert swr["fork"] >= res["heldout_pass_at_1_after"]["fork"]
-    assert swr["sft"] >= res["per_seed"][0]["sft_pass_at_1"]
-    # ... and fork's budget counts stage 03's pool collection
-    assert 0 < res["per_seed"][0]["env_steps_pool"] < res["env_steps"]["fork"]
+    # success within one attempt + one recovery, never below Pass@1
+    assert 0 <= s0["sft_pass_at_1"] <= res["sft_success_with_retry"] <= 1
+    assert 0 < s0["env_steps_pool"]  # stage 03's pool collection, which fork's budget counts
     seed = out / "seed0"
     assert {r["task"] for r in C.read_jsonl(seed / "failures_train/attempts.jsonl")} <= parts[1]
     # --eval-on dev: every evaluation ran on dev tasks, and no held-out task was run at all
@@ -410,12 +400,7 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
     rows = [r for f in ("sft.jsonl", "solutions.jsonl", "reterm.jsonl", "plain.jsonl")
             for r in C.read_jsonl(out / "data" / f)]
     assert rows and {r["task_id"] for r in rows} <= parts[0]
-    # no held-out task in any GRPO group of either mode (fork groups name their state's task)
-    assert not (seed / "standard").exists()
-    grouped = {g["task"] for m in ("fork", "standard_retry")
-               for r in C.read_jsonl(seed / m / "metrics.jsonl")
-               for g in r["group_rewards"]}
-    assert grouped and grouped <= parts[0] | parts[1]
+    assert not [p for p in seed.iterdir() if p.name in ("fork", "standard", "standard_retry")]  # no GRPO
     # stale-file tasks have recovery rows but no first-attempt (solution) row: nothing tells a first
     # attempt that the file is there
     split = json.loads((out / "tasks/split.json").read_text())
@@ -433,41 +418,131 @@ def test_experiment_command_runs_every_stage_and_writes_its_results(learning_run
         removal = f"rm -rf {split['causes'][r['task_id']]['path']}"  # --stale-vary: each its own entry
         assert removal not in cmds[0] and removal in cmds[1], cmds
     assert 0 <= res["heldout_failures_stale_frac"] <= 1
-    assert set(res["recovery_by_cause"]) == {"before", "fork", "standard_retry"}
+    assert set(res["recovery_by_cause"]) == {"before"}
     assert set(res["recovery_by_cause"]["before"]) == set(E.CAUSES)
-    assert set(res["blind_repair_rate"]) == {"before", "fork", "standard_retry"}
     snaps = [r["snapshot"] for f in ("failures_train", "failures_heldout")
              for r in C.read_jsonl(seed / f / "failures.jsonl")]
     assert snaps  # the random-init policy fails, so there were states to snapshot
     for snap in snaps:
         with pytest.raises(docker.errors.ImageNotFound):
             C.docker_client().images.get(snap)
-    # the SFT policy's figures are kept on their own too (what --sft-only reads back)
-    sft_only = json.loads((seed / "sft_result.json").read_text())
-    assert sft_only["heldout_recovery_before"] == s0["heldout_recovery_before"]
-    assert sft_only["recovery_before"] == s0["recovery_before"] and sft_only["code"] == s0["code"]
-    # every evaluation point was recorded as it was made (what a seed stopped mid-way keeps)
-    prog = C.read_jsonl(seed / "progress.jsonl")
-    assert [r["policy"] for r in prog] == ["sft", "fork", "standard_retry"]
-    curve = res["per_seed"][0]["curve"]
-    assert [r["recovery"] for r in prog] == [curve["fork"][0]["recovery"], curve["fork"][1]["recovery"],
-                                             curve["standard_retry"][1]["recovery"]]
-    done = (seed / "result.json").stat().st_mtime_ns
+    # the SFT policy's figures as the seed wrote them, read back by a second invocation, not run again
+    assert json.loads((seed / "sft_result.json").read_text()) == s0
+    done = (seed / "sft_result.json").stat().st_mtime_ns
     assert json.loads(json.dumps(E.main(argv)["per_seed"])) == res["per_seed"]
-    assert (seed / "result.json").stat().st_mtime_ns == done
+    assert (seed / "sft_result.json").stat().st_mtime_ns == done
     # another split would reuse this split's task folders and 01 rows
     with pytest.raises(SystemExit, match="pool_frac"):
         E.main([*argv, "--pool-frac", "0.1"])
+
+
+def test_a_seeds_grpo_chunks_share_the_fork_budget_and_its_results_pool_under_combine(
+        tmp_path, monkeypatch, capsys):
+    """run_seed after SFT and the report, the stage scripts stubbed by files they would write: 2 GRPO
+    steps at --eval-every 1 are two chunks; after each fork chunk, standard and standard_retry run 04
+    to the fork arm's environment steps, stage 03's pool included, all on the pool's tasks and fork
+    from 03's train states; every point is evaluated and recorded; results.json, the plot and
+    --combine pool the seeds. (learning_run stops at --sft-only; the real 04 and forks after SFT run
+    in test_paired's end-to-end replicate.)"""
+    import experiment_learning as E
+
+    cost = {"fork": 10, "standard": 6, "standard_retry": 8}  # environment steps per 04 step
+    runs: list[tuple] = []
+
+    def stage(args: list, log: Path) -> None:
+        script, a = args[0], {str(k): v for k, v in zip(args, [*args[1:], None], strict=True)}
+        out = Path(a["--out"])
+        if script == "01_build_data.py":
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.touch()
+        elif script == "02_sft.py":  # a loss that shows copying at once: no extra warm-up run
+            (out / "final").mkdir(parents=True)
+            (out / "final/config.json").write_text("{}")
+            C.append_jsonl(out / "metrics.jsonl", {"loss": 0.01})
+        elif script == "03_collect_failures.py":  # held-out side: one pass and one failure; pool: 3 + 4 turns
+            names = sorted(p.name for p in Path(a["--tasks"]).iterdir())
+            tries = [(names[0], 2, 1.0), (names[1], 3, 0.0)] if a["--tasks"].name == "dev" else \
+                [(names[0], 3, 0.0), (names[1], 4, 0.0)]
+            for task, turns, reward in tries:
+                C.append_jsonl(out / "attempts.jsonl", {"task": task, "turns": turns, "reward": reward})
+                if reward < 1:
+                    C.append_jsonl(out / "failures.jsonl", {"task": task, "snapshot": f"gone/{task}:0"})
+            (out / "summary.json").write_text(json.dumps({"pass_rate": sum(r for *_, r in tries) / 2}))
+        elif script == "05_eval_tb2.py":  # Pass@1 and success within one attempt + one recovery
+            policy = Path(a["--model"]).parent.name  # base's is the seed folder
+            p, swr = {"fork": (0.5, 0.75), "standard": (0.25, 0.25), "standard_retry": (0.5, 0.5)}.get(
+                policy, (0.0, 0.0))
+            out.mkdir(parents=True)
+            (out / "summary.json").write_text(json.dumps({"pass_at_1": p, "success_with_retry": swr}))
+        elif script == "04_reterm_grpo.py":  # resumes; steps on until --steps, or the budget is reached
+            mode, steps, budget = a["--mode"], a["--steps"], a["--env-step-budget"]
+            runs.append((mode, steps, budget, a["--tasks"].name, a.get("--failures"), "--keep-pool" in args))
+            rows = C.read_jsonl(out / "metrics.jsonl")
+            env = rows[-1]["env_steps_total"] if rows else 0
+            for step in range(len(rows) + 1, steps + 1):
+                if budget and env >= budget:
+                    break
+                env += cost[mode]
+                C.append_jsonl(out / "metrics.jsonl", {"step": step, "env_steps_total": env, "reward": 0.5,
+                                                       "groups": 2, "groups_dropped": cost[mode] // 4 - 1})
+            (out / "final").mkdir(exist_ok=True)
+
+    def recovery(cfg, model: Path, failures: Path, tasks: Path, seed: int):  # 2 forks of the one state
+        rec = {"sft": [1.0, 0.0], "fork": [1.0, 1.0], "standard": [0.0, 0.0], "standard_retry": [0.0, 1.0]}
+        return rec[model.parent.name], [[], []]
+
+    removed = []
+    monkeypatch.setattr(E, "sh", stage)
+    monkeypatch.setattr(E, "solution_rows", lambda tasks, path, *a, **k: path.touch())
+    monkeypatch.setattr(E, "plain_rows", lambda *a, **k: None)
+    monkeypatch.setattr(E.microtasks, "make_model", lambda out, *a, **k: out.mkdir(parents=True))
+    monkeypatch.setattr(E, "recovery_at_1", recovery)
+    monkeypatch.setattr(C, "remove_snapshots", lambda *files: removed.append(files))
+    argv = ["--out", str(tmp_path / "exp"), "--n-train", "6", "--n-heldout", "2", "--n-dev", "2",
+            "--dev-frac", "0.2", "--eval-on", "dev", "--pool-frac", "0.3", "--seeds", "1",
+            "--warmup-extra", "0", "--grpo-steps", "2", "--eval-every", "1", "--recovery-samples", "2",
+            "--bootstrap", "50"]
+    res = E.main(argv)
+    seed = tmp_path / "exp/seed0"
+    fail, big = seed / "failures_train/failures.jsonl", 10**6  # standard modes: no step limit, the budget
+    assert runs == [("fork", 1, 0, "pool", fail, True), ("standard", big, 17, "pool", None, True),
+                    ("standard_retry", big, 17, "pool", None, True), ("fork", 2, 0, "pool", fail, False),
+                    ("standard", big, 27, "pool", None, False),
+                    ("standard_retry", big, 27, "pool", None, False)]
+    s0 = res["per_seed"][0]
+    assert s0["env_steps_pool"] == 7 and s0["env_steps"] == {"fork": 27, "standard": 30, "standard_retry": 32}
+    curve = {m: [(p["env_steps"], p["recovery"], p["pass_at_1"]) for p in c] for m, c in s0["curve"].items()}
+    assert curve == {"fork": [(0, 0.5, 0.5), (17, 1.0, 0.5), (27, 1.0, 0.5)],
+                     "standard": [(0, 0.5, 0.5), (18, 0.0, 0.25), (30, 0.0, 0.25)],
+                     "standard_retry": [(0, 0.5, 0.5), (24, 0.5, 0.5), (32, 0.5, 0.5)]}
+    # SFT: 1 of 2 attempts passed, and half the failed one's forks recovered
+    assert s0["heldout_success_with_retry"] == {"base": 0.0, "sft": 0.75, "fork": 0.75, "standard": 0.25,
+                                                "standard_retry": 0.5}
+    assert s0["nonuniform_group_frac"] == {"fork": 0.5, "standard": 1.0, "standard_retry": 0.5}
+    prog = C.read_jsonl(seed / "progress.jsonl")
+    assert [(r["policy"], r.get("chunk")) for r in prog] == [("sft", None)] + [
+        (m, c) for c in (1, 2) for m in ("fork", "standard", "standard_retry")]
+    assert removed == [(seed / "failures_heldout/failures.jsonl", seed / "failures_train/failures.jsonl")]
+    # the pooled figures, the plot and the printed tables
+    assert res["heldout_recovery_after"] == {"fork": 1.0, "standard": 0.0, "standard_retry": 0.5}
+    assert res["ci95_seeds"]["recovery_fork_minus_standard_retry"] is None  # one seed: no t-interval
+    assert res["ci95_tasks"]["recovery_fork_minus_standard_retry"] == [0.5, 0.5]  # one state: no spread
+    assert (tmp_path / "exp/learning.png").stat().st_size > 0
+    assert "| fork minus standard_retry | | | +0.500 |" in capsys.readouterr().out
+    done = (seed / "result.json").stat().st_mtime_ns  # a second invocation reads the finished seed back
+    assert json.loads(json.dumps(E.main(argv)["per_seed"])) == json.loads(json.dumps(res["per_seed"]))
+    assert (seed / "result.json").stat().st_mtime_ns == done and len(runs) == 6
     # --combine pools finished runs of one split (here the run and a copy of it) without running anything
-    other = tmp_path / "copy"
+    out, other = tmp_path / "exp", tmp_path / "copy"
+    res = json.loads((out / "results.json").read_text())
     other.mkdir()
     (other / "results.json").write_text((out / "results.json").read_text())
     both = E.main(["--combine", str(out), str(other), "--out", str(tmp_path / "both"), "--bootstrap", "50"])
     assert both["runs"] == ["exp seed 0", "copy seed 0"] and both["per_seed"] == 2 * res["per_seed"]
-    assert both["heldout_recovery_before"] == pytest.approx(res["heldout_recovery_before"])
+    assert both["heldout_recovery_before"] == 0.5 and both["ci95_seeds"]["recovery_gain_fork"] == [0.5, 0.5]
     assert (tmp_path / "both" / "learning.png").stat().st_size > 0
     # its config is the runs' recipe (theirs, not --combine's defaults), and each run's config is kept
-    assert both["config"]["n_train"] == 8 and both["config"]["grpo_steps"] == 1
+    assert both["config"]["n_train"] == 6 and both["config"]["grpo_steps"] == 2
     assert list(both["run_configs"]) == [str(out), str(other)]
     (other / "results.json").write_text(json.dumps(res | {"config": res["config"] | {"grpo_lr": 1.0}}))
     with pytest.raises(SystemExit, match="another recipe.*grpo_lr"):
