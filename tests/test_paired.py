@@ -210,8 +210,8 @@ def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_read
 
 @pytest.mark.slow
 def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_training(learning_run, tmp_path):
-    """The toy learning run (learning_run: `experiment_learning.py --entry-split`, dev twins) as a block,
-    then one paired replicate on it: the replicate.json contract, both arms at the fork arm's
+    """The toy learning run (learning_run: `experiment_learning.py --entry-split --sft-only`, dev twins)
+    as a block, then one paired replicate on it: the replicate.json contract, both arms at the fork arm's
     environment steps, and no dev/held-out twin, nor any planted name of theirs, in an SFT row, the
     fork pool or a GRPO group of either arm."""
     block = learning_run[0]
@@ -221,7 +221,7 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     assert not (kept / "tasks").exists() and (kept / "seed0/sft/final/config.json").exists()
     out = tmp_path / "paired"
     # --no-secondary: 05 on the twins is the learning run's pass_at_1 and success_with_retry, which
-    # learning_run runs end to end already (35 s). One chunk (no intermediate curve point): the
+    # learning_run runs end to end already (its base policy's). One chunk (no intermediate curve point): the
     # schedule over several is test_replicate_runs_its_chunks_to_each_curve_point...
     done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "1",
                    "--eval-every", "1", "--gate-plain-pass", "0", "--no-secondary"])
