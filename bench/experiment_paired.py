@@ -10,7 +10,8 @@ The design (bench/experiment_learning.md, "The paired design", tells why):
              run (RUN: its tasks/, data/, seed<s>/). The bank is that run's stage-03 failure states on
              the evaluation split (twins of train tasks whose planted entry has an unseen name or
              kind), every one forked `recovery_samples` times for the SFT policy (sft_result.json).
-             A block must pass the gate (train-side figures only, gate()) or it is not used.
+             A block must pass the block rule or it is not used (block_rule: the gate, train-side
+             figures only, and its bank Recovery@1 inside --bank-range, counted exactly).
   replicate  one GRPO seed from the block; it runs both arms from the same SFT weights:
                fork            stage 03 collects a failure pool on a seeded sample of train tasks
                                (its agent turns count), then 04 --mode fork on it;
@@ -67,6 +68,10 @@ class Config:
     # and 0.77 of them, and their bank Recovery@1 was 0.076, 0.18 and 0.32: 0.6 keeps the two whose
     # bank has reward spread (the first guess, 0.8, kept none)
     gate_plain_pass: float = 0.6
+    # block rule, bank side: the SFT policy's bank Recovery@1 lies in [low, high] (the plan's
+    # sft_bank_recovery_range, read as the exact share of forks, never rounded): below it most groups
+    # of G forks have no reward spread to learn from; above it there is little left to recover
+    bank_range: str = "0.15,0.7"
     secondary: bool = True  # 05 Pass@1 and success with one retry on the evaluation tasks, at the end
     keep_block: str = ""  # instead: copy what replicates need of --block to this folder (to commit it)
     combine: list[str] = dataclasses.field(default_factory=list)  # replicate folders (or runs of them)
@@ -135,6 +140,23 @@ def gate(b: dict) -> dict:
     rate = sum(plain) / len(plain) if plain else 0.0
     return {"plain_pass": rate, "n_plain_attempts": len(plain), "warmup_loss": b["sft"].get("warmup_loss"),
             "warmup_runs": b["sft"].get("warmup_runs")}
+
+
+def block_rule(cfg: Config, b: dict) -> tuple[dict, list[str]]:
+    """The plan's block rule on the block's own files: its gate figures with the bank's count of
+    recovered forks added, and why it fails (empty: the block passes)."""
+    g, rec = gate(b), b["sft"]["recovery_before"]
+    low, high = map(float, cfg.bank_range.split(","))
+    share = sum(rec) / len(rec) if rec else 0.0
+    g |= {"bank_recovered": int(sum(rec)), "bank_forks": len(rec), "bank_recovery": share}
+    why = []
+    if g["plain_pass"] < cfg.gate_plain_pass:
+        why.append(f"its first attempts pass {g['plain_pass']:.3f} of train tasks without an entry "
+                   f"(< {cfg.gate_plain_pass})")
+    if not low <= share <= high:
+        why.append(f"its bank Recovery@1 is {g['bank_recovered']}/{len(rec)} = {share:.4f}, "
+                   f"outside [{low}, {high}]")
+    return g, why
 
 
 def replay_bank(b: dict, out: Path, concurrency: int) -> Path:
@@ -422,14 +444,18 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.keep_block:
         copied = keep_block(Path(cfg.block), cfg.block_seed, Path(cfg.keep_block))
         print(f"kept {len(copied)} paths of {cfg.block} in {cfg.keep_block}")
-        return {"kept": [str(p) for p in copied]}
+        g, why = block_rule(cfg, block_parts(cfg))
+        figures = (f"plain pass {g['plain_pass']:.3f} of {g['n_plain_attempts']}, bank Recovery@1 "
+                   f"{g['bank_recovered']}/{g['bank_forks']} = {g['bank_recovery']:.4f}")
+        print("block rule: " + (f"fails: {'; '.join(why)}" if why else f"passes ({figures})"))
+        return {"kept": [str(p) for p in copied], "gate": g, "fails": why}
     b = block_parts(cfg)
-    g = gate(b)
+    g, why = block_rule(cfg, b)
     C.dump_config(cfg, cfg.out)
-    (Path(cfg.out) / "gate.json").write_text(json.dumps(g | {"threshold": cfg.gate_plain_pass}) + "\n")
-    if g["plain_pass"] < cfg.gate_plain_pass:
-        raise SystemExit(f"block {cfg.block} fails the gate: its first attempts pass {g['plain_pass']:.2f} "
-                         f"of train tasks without an entry (< {cfg.gate_plain_pass}); train another block")
+    (Path(cfg.out) / "gate.json").write_text(json.dumps(g | {"threshold": cfg.gate_plain_pass,
+                                                            "bank_range": cfg.bank_range}) + "\n")
+    if why:
+        raise SystemExit(f"block {cfg.block} fails the block rule: {'; '.join(why)}; train another block")
     done = {}
     for r in (int(x) for x in cfg.replicates.split(",")):
         path = Path(cfg.out) / f"rep{r}/replicate.json"

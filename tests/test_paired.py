@@ -176,6 +176,43 @@ def test_replicate_runs_its_chunks_to_each_curve_point_and_gives_standard_retry_
     assert len(C.read_jsonl(tmp_path / "out/rep3/progress.jsonl")) == 6
 
 
+def test_the_block_rule_reads_the_exact_bank_share_and_refuses_a_block_outside_it(tmp_path, capsys):
+    """The plan's block rule on a block's own files: the gate (train first attempts without an entry)
+    and the bank Recovery@1 as counted, never rounded: 115 of 768 forks is 0.1497, outside [0.15, 0.7]
+    (held-out seed 1's block, whose report printed 0.150). --keep-block says so; a replicate refuses."""
+    run, seed = tmp_path / "block", tmp_path / "block/seed1"
+    (seed / "sft/final").mkdir(parents=True)
+    (run / "tasks").mkdir()
+    for f in ("config.json", "results.json"):
+        (run / f).write_text(json.dumps({"entry_split": True}))
+    causes = {"twin": {"kind": "file", "path": "/app/x"}}  # the gate reads the tasks without an entry
+    (run / "tasks/split.json").write_text(json.dumps({"causes": causes}))
+    for f in ("failures_heldout/failures.jsonl", "failures_heldout/attempts.jsonl"):
+        C.append_jsonl(seed / f, {"task": "twin", "reward": 0.0})
+    for task, reward in (("plain", 1.0), ("plain", 1.0), ("plain", 0.0), ("twin", 0.0)):
+        C.append_jsonl(seed / "failures_train/attempts.jsonl", {"task": task, "reward": reward})
+
+    def block(recovered: int, *flags: str) -> list[str]:  # a bank of 768 forks, `recovered` of them
+        sft = {"recovery_before": [1.0] * recovered + [0.0] * (768 - recovered)}
+        (seed / "sft_result.json").write_text(json.dumps(sft))
+        return ["--block", str(run), "--block-seed", "1", "--out", str(tmp_path / "out"), *flags]
+
+    with pytest.raises(SystemExit, match=r"bank Recovery@1 is 115/768 = 0\.1497, outside \[0\.15, 0\.7\]"):
+        P.main(block(115))
+    gate = json.loads((tmp_path / "out/gate.json").read_text())
+    assert gate["plain_pass"] == 2 / 3 and (gate["bank_recovered"], gate["bank_forks"]) == (115, 768)
+    with pytest.raises(SystemExit, match=r"first attempts pass 0\.667 .*< 0\.7"):
+        P.main(block(116, "--gate-plain-pass", "0.7"))
+    with pytest.raises(SystemExit, match="= 0\\.7005, outside"):
+        P.main(block(538))
+    capsys.readouterr()
+    P.main(block(115, "--keep-block", str(tmp_path / "kept")))
+    assert "block rule: fails: its bank Recovery@1 is 115/768 = 0.1497" in capsys.readouterr().out
+    P.main(block(116, "--keep-block", str(tmp_path / "kept")))
+    out = capsys.readouterr().out
+    assert "block rule: passes (plain pass 0.667 of 3, bank Recovery@1 116/768 = 0.1510)" in out
+
+
 def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_ready, tmp_path):
     """A bank whose snapshot image is gone is rebuilt by replaying the attempt's commands: the
     rebuilt snapshot holds the same files under /app as a snapshot of the original attempt."""
@@ -224,7 +261,7 @@ def test_a_toy_block_and_replicate_run_end_to_end_and_keep_the_twins_out_of_trai
     # learning_run runs end to end already (its base policy's). One chunk (no intermediate curve point): the
     # schedule over several is test_replicate_runs_its_chunks_to_each_curve_point...
     done = P.main(["--block", str(kept), "--out", str(out), "--replicates", "7", "--grpo-steps", "1",
-                   "--eval-every", "1", "--gate-plain-pass", "0", "--no-secondary"])
+                   "--eval-every", "1", "--gate-plain-pass", "0", "--bank-range", "0,1", "--no-secondary"])
     assert (out / "tasks/split.json").read_text() == (block / "tasks/split.json").read_text()
     rep = json.loads((out / "rep7/replicate.json").read_text())
     assert done[7] == rep and rep["replicate"] == 7 and rep["evaluated_on"] == "dev"
