@@ -146,7 +146,10 @@ def block_rule(cfg: Config, b: dict) -> tuple[dict, list[str]]:
     """The plan's block rule on the block's own files: its gate figures with the bank's count of
     recovered forks added, and why it fails (empty: the block passes)."""
     g, rec = gate(b), b["sft"]["recovery_before"]
-    low, high = map(float, cfg.bank_range.split(","))
+    try:
+        low, high = map(float, cfg.bank_range.split(","))
+    except ValueError:
+        raise SystemExit(f"--bank-range {cfg.bank_range!r}: give LOW,HIGH (the plan's: 0.15,0.7)") from None
     share = sum(rec) / len(rec) if rec else 0.0
     g |= {"bank_recovered": int(sum(rec)), "bank_forks": len(rec), "bank_recovery": share}
     why = []

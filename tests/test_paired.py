@@ -211,6 +211,12 @@ def test_the_block_rule_reads_the_exact_bank_share_and_refuses_a_block_outside_i
     P.main(block(116, "--keep-block", str(tmp_path / "kept")))
     out = capsys.readouterr().out
     assert "block rule: passes (plain pass 0.667 of 3, bank Recovery@1 116/768 = 0.1510)" in out
+    with pytest.raises(SystemExit, match="give LOW,HIGH"):
+        P.main(block(116, "--bank-range", "0.15"))
+    # the defaults are the pre-registered plan's rule
+    rule = json.loads((ROOT / "bench/prereg_paired.json").read_text())["block"]
+    assert P.Config().gate_plain_pass == rule["gate_plain_pass"]
+    assert [float(x) for x in P.Config().bank_range.split(",")] == rule["sft_bank_recovery_range"]
 
 
 def test_replay_rebuilds_a_bank_state_with_the_failed_attempts_files(docker_ready, tmp_path):
