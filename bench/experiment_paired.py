@@ -157,7 +157,7 @@ def block_rule(cfg: Config, b: dict) -> tuple[dict, list[str]]:
         why.append(f"its first attempts pass {g['plain_pass']:.3f} of train tasks without an entry "
                    f"(< {cfg.gate_plain_pass})")
     if not low <= share <= high:
-        why.append(f"its bank Recovery@1 is {g['bank_recovered']}/{len(rec)} = {share:.4f}, "
+        why.append(f"its bank Recovery@1 is {g['bank_recovered']}/{g['bank_forks']} = {share:.4f}, "
                    f"outside [{low}, {high}]")
     return g, why
 
