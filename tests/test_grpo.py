@@ -314,18 +314,17 @@ def test_stage04_step_with_real_forks_checkpoints_resumes_and_cleans_up(make_tas
     coin = "mkdir -p /logs/verifier; echo $((RANDOM % 2)) > /logs/verifier/reward.txt\n"
     task = C.load_task(make_task("coin", test=coin))  # a verifier that mixes rewards inside a group
     engine_kind = "vllm" if importlib.util.find_spec("vllm") else "hf"
-    kw = {"max_model_len": 2048} if engine_kind == "vllm" else {}
+    # stage 03's part, scripted (stage 04 below samples with the real engine): the coin fails some
     rcfg = C.RolloutConfig(max_turns=2, max_context=2048, concurrency=4,
-                           sampling=C.SamplingConfig(max_tokens=16, seed=0))
+                           sampling=C.SamplingConfig(max_tokens=16))
+    engine = ScriptedEngine(C.load_tokenizer(tiny), [call("echo tried > /app/out.txt"), "Done."])
     with C.env_session():
-        engine = C.make_engine(engine_kind, tiny, dtype="float32", **kw)
         states = []
-        for _ in range(4):
+        for _ in range(6):
             eps, _ = R.run_attempts([task] * 3, engine, rcfg, commit="failed")
             states += [C.FailureState.from_episode(e, "tiny") for e in eps if e.snapshot]
             if states:
                 break
-        del engine
     assert states and all(s.ids for s in states)
     for s in states:
         C.append_jsonl(tmp_path / "failures.jsonl", dataclasses.asdict(s) | {"extra_key": 1})
