@@ -1,14 +1,13 @@
 """Stage 04 as it runs on a node: one engine per rank, each rank rolling out its share of a step's
 groups, the row hand-off on a CPU group with its own timeout, the per-step memory hand-over between
-engine and trainer, and weights streamed one tensor at a time. The torchrun runs use gloo on CPU."""
+engine and trainer. The torchrun runs use gloo on CPU. (The weight push into vLLM, one tensor
+at a time: test_model's vLLM engine test.)"""
 
 from __future__ import annotations
 
 import importlib
-import os
 import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -29,65 +28,6 @@ def tiny(tmp_path_factory):
 def _torchrun(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-# ── the weight push ─────────────────────────────────────────────────────────────
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("vllm_ready")
-def test_weight_push_streams_model_dtype_tensors_one_at_a_time_and_writes_no_file(tiny, monkeypatch):
-    """The engine gets a generator of (name, one full tensor) in the asked dtype, covering every
-    name of the checkpoint; nothing is written to disk; vLLM then samples with exactly those weights."""
-    from safetensors import safe_open
-
-    with safe_open(str(tiny / "model.safetensors"), "pt") as f:
-        expected = set(f.keys())
-    engine = C.make_engine("vllm", tiny, dtype="float32", max_model_len=512)
-    model = C.load_model(tiny)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    seen, real_rpc = [], engine.llm.collective_rpc
-
-    def spy(method, kwargs):  # what the engine's workers are handed
-        it = kwargs["weights_iterator"]
-        assert isinstance(it, types.GeneratorType)  # lazy: one tensor exists at a time
-
-        def watch():
-            for name, t in it:
-                assert type(t) is torch.Tensor and t.dtype == torch.bfloat16, (name, type(t), t.dtype)
-                seen.append(name)
-                yield name, t
-        return real_rpc(method, kwargs=kwargs | {"weights_iterator": watch()})
-
-    def no_file(*a, **k):
-        raise AssertionError("the weight push wrote a file")
-
-    monkeypatch.setattr(engine.llm, "collective_rpc", spy)
-    import safetensors.torch
-
-    dirs = [Path(d) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir()]
-    before = {d: set(os.listdir(d)) for d in dirs}
-    with monkeypatch.context() as m:
-        for mod, name in ((safetensors.torch, "save_file"), (torch, "save"), (tempfile, "mkdtemp"),
-                          (tempfile, "NamedTemporaryFile")):
-            m.setattr(mod, name, no_file)
-        G.push_weights(model, engine, torch.bfloat16)
-    assert {d: set(os.listdir(d)) for d in dirs} == before
-    assert len(seen) == len(set(seen)) and set(seen) >= expected, sorted(expected - set(seen))
-    # the engine now holds the bf16-rounded weights: its logprobs match transformers' on them
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    prompt = [5, 6, 7, 8]
-    (g,) = engine.generate([prompt], C.SamplingConfig(max_tokens=6, seed=1))
-    ids = torch.tensor([prompt + g.ids])
-    with torch.no_grad():
-        logp = model(ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
-    ref = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]
-    assert (torch.tensor(g.logprobs) - ref).abs().max() <= 1e-4
-    engine.close()
 
 
 # ── the per-step order: roll out, sleep, train, wake, load, wake, roll out ────────────────

@@ -1,9 +1,12 @@
-"""Agent protocol, token traces/masks, tiny models and the two policy engines."""
+"""Agent protocol, token traces/masks, tiny models and the two policy engines (with stage 04's
+weight push into vLLM)."""
 
 import importlib.util
 import os
 import sys
+import tempfile
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
+
+G = importlib.import_module("04_reterm_grpo")
 
 
 def call(cmd: str) -> dict:
@@ -262,12 +267,66 @@ def test_hf_engine(tiny, arch):
     check_engine(engine, common.load_model(tiny[arch]), engine.tokenizer)
 
 
+def check_weight_push(engine, tiny: Path, monkeypatch) -> None:
+    """The engine gets a generator of (name, one full tensor) in the asked dtype, covering every
+    name of the checkpoint; nothing is written to disk; vLLM then samples with exactly those weights."""
+    from safetensors import safe_open
+
+    with safe_open(str(tiny / "model.safetensors"), "pt") as f:
+        expected = set(f.keys())
+    model = common.load_model(tiny)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    seen, real_rpc = [], engine.llm.collective_rpc
+
+    def spy(method, kwargs):  # what the engine's workers are handed
+        it = kwargs["weights_iterator"]
+        assert isinstance(it, types.GeneratorType)  # lazy: one tensor exists at a time
+
+        def watch():
+            for name, t in it:
+                assert type(t) is torch.Tensor and t.dtype == torch.bfloat16, (name, type(t), t.dtype)
+                seen.append(name)
+                yield name, t
+        return real_rpc(method, kwargs=kwargs | {"weights_iterator": watch()})
+
+    def no_file(*a, **k):
+        raise AssertionError("the weight push wrote a file")
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", spy)
+    import safetensors.torch
+
+    dirs = [Path(d) for d in ("/dev/shm", tempfile.gettempdir()) if Path(d).is_dir()]
+    before = {d: set(os.listdir(d)) for d in dirs}
+    with monkeypatch.context() as m:
+        for mod, name in ((safetensors.torch, "save_file"), (torch, "save"), (tempfile, "mkdtemp"),
+                          (tempfile, "NamedTemporaryFile")):
+            m.setattr(mod, name, no_file)
+        G.push_weights(model, engine, torch.bfloat16)
+    assert {d: set(os.listdir(d)) for d in dirs} == before
+    assert len(seen) == len(set(seen)) and set(seen) >= expected, sorted(expected - set(seen))
+    # the engine now holds the bf16-rounded weights: its logprobs match transformers' on them
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    prompt = [5, 6, 7, 8]
+    (g,) = engine.generate([prompt], common.SamplingConfig(max_tokens=6, seed=1))
+    ids = torch.tensor([prompt + g.ids])
+    with torch.no_grad():
+        logp = model(ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+    ref = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]
+    assert (torch.tensor(g.logprobs) - ref).abs().max() <= 1e-4
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("vllm_ready")
-def test_vllm_engine_qwen3(tiny):
+def test_vllm_engine_qwen3(tiny, monkeypatch):
+    """check_engine, then stage 04's weight push into the same engine (one vLLM start, not two)."""
     engine = common.make_engine("vllm", tiny["qwen3"], dtype="float32", max_model_len=1024)
     try:
         check_engine(engine, common.load_model(tiny["qwen3"]), engine.tokenizer)
+        check_weight_push(engine, tiny["qwen3"], monkeypatch)
     finally:  # shut down: a later in-process vLLM engine fails to start while this one lives
         engine.close()
 
