@@ -270,8 +270,9 @@ def custom_row(i: int, instruction: str) -> dict:
 
 @pytest.mark.slow
 @docker
-def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
-    """02 -> 05 on rows with their own system prompt: the trajectories 05 saves start with it."""
+def test_sft_scaffold_reaches_evaluation_which_resumes_and_cleans_up(make_task, tmp_path):
+    """02 -> 05 on rows with their own system prompt: the trajectories 05 saves start with it; a second
+    run resumes with nothing left to do (no engine built) and neither leaves a container or snapshot."""
     sft = importlib.import_module("02_sft")
     data = tmp_path / "rows.jsonl"
     rows = [custom_row(i, f"Write ok to /app/out.txt ({i}).") for i in range(3)]
@@ -283,11 +284,17 @@ def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
     saved = json.loads((final / "scaffold.json").read_text())
     assert saved["system_prompt"] == CUSTOM and saved["recovery_prompt"] == RECOVERY
     make_task("p1")
+    make_task("p2")
     engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
     out = tmp_path / "ev"
-    summary = ev.main(["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--agent", "policy",
-                       "--model", str(final), "--engine", engine, "--dtype", "float32", "--max-tokens", "16",
-                       "--max-turns", "1", "--max-context", "2048", "--recovery"])
+    args = ["--tasks", str(tmp_path / "tasks"), "--out", str(out), "--agent", "policy", "--model", str(final),
+            "--engine", engine, "--dtype", "float32", "--max-tokens", "16", "--max-turns", "1",
+            "--max-context", "2048", "--trials", "2", "--recovery"]
+    summary = ev.main(args)
+    assert summary["n_trials"] == 4 and all(r["turns"] > 0 for r in C.read_jsonl(out / "trials.jsonl"))
+    assert len(list((out / "trajectories").glob("p1__*.json"))) >= 2
+    if summary["pass_at_1"] < 1:
+        assert "recovery_at_1" in summary and summary["recovery_by_category"]
     # a trial succeeds within one attempt + one recovery if it passed or its recovery did
     rec = {(r["task"], r["trial"]): r["reward"] for r in C.read_jsonl(out / "recovery.jsonl")}
     trials = C.read_jsonl(out / "trials.jsonl")
@@ -300,5 +307,10 @@ def test_sft_scaffold_reaches_evaluation(make_task, tmp_path):
         assert msgs[0] == {"role": "system", "content": CUSTOM}
         if path.name.endswith("__recovery.json"):
             assert {"role": "user", "content": RECOVERY.replace("{instruction}", msgs[1]["content"])} in msgs
-    (harbor,) = (out / "harbor").glob("p1__*/agent/trajectory.json")
-    assert json.loads(harbor.read_text())[0]["content"] == CUSTOM
+    harbor = sorted((out / "harbor").glob("p*__*/agent/trajectory.json"))
+    assert len(harbor) == 4 and all(json.loads(h.read_text())[0]["content"] == CUSTOM for h in harbor)
+    again = ev.main(args + ["--engine", "no-such-engine"])  # resume: nothing left, so no engine is built
+    assert again["n_trials"] == 4 and len(C.read_jsonl(out / "trials.jsonl")) == 4
+    assert not C.docker_client().containers.list(all=True, filters={"label": f"reterm.run={C.RUN_ID}"})
+    assert not C.docker_client().images.list(filters={"label": ["reterm.kind=snapshot", "reterm.keep=1",
+                                                                f"reterm.run={C.RUN_ID}"]})
