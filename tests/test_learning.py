@@ -283,6 +283,23 @@ def _mean_logp(model, rows: list, pad_id: int) -> list[float]:
     return out
 
 
+def check_engine_serves_the_trained_weights(engine, final: Path, start: Path, instruction: str) -> None:
+    """vLLM's log-probs of what it samples equal transformers' forward on `final` (02's output), and
+    not the start model's."""
+    prompt = C.render_ids(engine.tokenizer, C.initial_messages(instruction), add_generation_prompt=True)
+    (gen,) = engine.generate([prompt], C.SamplingConfig(temperature=1.0, max_tokens=8, seed=3))
+    assert 1 <= len(gen.ids) <= 8 and len(gen.logprobs) == len(gen.ids)
+
+    def logprobs(model_dir: Path) -> torch.Tensor:
+        with torch.no_grad():
+            logits = C.load_model(model_dir)(torch.tensor([prompt + gen.ids])).logits[0, len(prompt) - 1: -1]
+        return logits.float().log_softmax(-1).gather(-1, torch.tensor(gen.ids)[:, None])[:, 0]
+
+    vllm_lp = torch.tensor(gen.logprobs)
+    assert (vllm_lp - logprobs(final)).abs().max() <= 1e-4
+    assert (vllm_lp - logprobs(start)).abs().max() > 1e-2  # SFT moved them
+
+
 @pytest.mark.slow
 def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready, tmp_path):
     split = microtasks.generate(tmp_path / "mt", n_train=12, n_heldout=4, seed=0)
@@ -324,6 +341,8 @@ def test_sft_then_one_fork_grpo_step_prefers_successful_recoveries(docker_ready,
         finally:
             for s in states:
                 C.remove_image(s.snapshot)
+    if engine_kind == "vllm":  # 02's final/ in vLLM samples with the trained weights, not the start's
+        check_engine_serves_the_trained_weights(engine, sft, base, task.instruction)
     rewards = [[ep.reward for ep in g] for g in groups]
     kept, _ = G.drop_uniform_groups([G.Group("fork", s.id, s.category, g) for s, g in zip(states, groups,
                                                                                          strict=True)])
