@@ -312,11 +312,7 @@ def check_weight_push(engine, tiny: Path, monkeypatch) -> None:
             p.copy_(p.to(torch.bfloat16).float())
     prompt = [5, 6, 7, 8]
     (g,) = engine.generate([prompt], common.SamplingConfig(max_tokens=6, seed=1))
-    ids = torch.tensor([prompt + g.ids])
-    with torch.no_grad():
-        logp = model(ids).logits[0, len(prompt) - 1:-1].log_softmax(-1)
-    ref = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]
-    assert (torch.tensor(g.logprobs) - ref).abs().max() <= 1e-4
+    assert (torch.tensor(g.logprobs) - reference_logprobs(model, prompt, g.ids)).abs().max() <= 1e-4
 
 
 @pytest.mark.slow
